@@ -1,0 +1,187 @@
+"""The seam between capture and planning: a plain annotated dataflow graph.
+
+Capture (``wancompile.capture``) turns a dynamo FX graph into a `Graph`; the planner reads nothing
+else. Every node carries its op kind, output shapes and dtypes, module path, the fully qualified name
+of the parameter or buffer it holds (placeholders only), the index of the repeated block it belongs
+to, and a `Location` — module path + op + occurrence — that names it stably across recompiles
+(dynamo's node names change when the graph does; module paths do not).
+
+Shapes hold ints, or sympy expressions when a dim is symbolic (``dynamic=True``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Optional, Union
+
+import sympy
+
+Dim = Union[int, sympy.Expr]
+
+
+@dataclass(frozen=True, order=True)
+class Location:
+    """Where an op sits in the model, independent of dynamo's node names.
+
+    ``occurrence`` counts ops of the same kind in the same module, in graph order. Printed as
+    ``blocks.0.attn1:linear#2``.
+    """
+
+    module: str
+    op: str
+    occurrence: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.module}:{self.op}#{self.occurrence}"
+
+    @classmethod
+    def parse(cls, text: str) -> "Location":
+        try:
+            module, rest = text.rsplit(":", 1)
+            op, occ = rest.rsplit("#", 1)
+            return cls(module, op, int(occ))
+        except ValueError:
+            raise ValueError(f"bad location {text!r}: expected 'module.path:op#occurrence', e.g. 'blocks.0.attn1:linear#0'") from None
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    shape: tuple[Dim, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> Dim:
+        n: Dim = 1
+        for d in self.shape:
+            n = n * d
+        return n
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPE_BYTES.get(self.dtype, 4)
+
+    @property
+    def nbytes(self) -> Dim:
+        return self.numel * self.itemsize
+
+    @property
+    def is_symbolic(self) -> bool:
+        return any(not isinstance(d, int) for d in self.shape)
+
+
+DTYPE_BYTES = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
+}
+
+
+@dataclass(frozen=True)
+class Node:
+    """One op of the captured program.
+
+    Attributes:
+        name: unique within this graph (dynamo's node name; not stable across recompiles).
+        op: op kind: ``placeholder``, ``output``, or the function/method name (``linear``, ``add``,
+            ``scaled_dot_product_attention``, ``view``, ``getitem`` ...).
+        inputs: names of the nodes whose values this op reads, in argument order.
+        outputs: metadata of each output (one for most ops; several for tuple-valued ones).
+        module: dotted module path of the innermost module that ran the op ("" for the root).
+        location: stable name of this op (see `Location`).
+        param: fully qualified parameter/buffer name for weight placeholders, else None.
+        block: index of the repeated block (``blocks.N``, VAE resblock) the op belongs to, else None.
+        attrs: the op's non-tensor arguments in JSON-friendly form (dims, sizes, flags); tensor
+            arguments appear as ``{"node": name}``.
+    """
+
+    name: str
+    op: str
+    inputs: tuple[str, ...]
+    outputs: tuple[TensorMeta, ...]
+    module: str
+    location: Location
+    param: Optional[str] = None
+    block: Optional[int] = None
+    attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def out(self) -> TensorMeta:
+        """The single output's metadata."""
+        return self.outputs[0]
+
+    @property
+    def is_param(self) -> bool:
+        return self.param is not None
+
+
+@dataclass
+class Graph:
+    """Nodes in topological order, plus lookups."""
+
+    nodes: list[Node]
+    model: str = ""
+    block_prefixes: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        self._by_name = {n.name: n for n in self.nodes}
+        self._users: dict[str, list[str]] = {n.name: [] for n in self.nodes}
+        for n in self.nodes:
+            for i in n.inputs:
+                self._users[i].append(n.name)
+
+    def __iter__(self) -> Iterator[Node]:
+        return iter(self.nodes)
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def __getitem__(self, name: str) -> Node:
+        return self._by_name[name]
+
+    def users(self, name: str) -> list[Node]:
+        return [self._by_name[u] for u in self._users[name]]
+
+    def params(self) -> list[Node]:
+        return [n for n in self.nodes if n.is_param]
+
+    def by_location(self) -> dict[Location, Node]:
+        return {n.location: n for n in self.nodes}
+
+    def blocks(self) -> list[int]:
+        return sorted({n.block for n in self.nodes if n.block is not None})
+
+    def op_counts(self) -> Counter:
+        return Counter(n.op for n in self.nodes)
+
+    def summary(self) -> str:
+        """One line a person can read: node, op, param and block counts."""
+        params = self.params()
+        numel = 0
+        for p in params:
+            v = p.out.numel
+            numel += int(v) if isinstance(v, int) else 0
+        blocks = self.blocks()
+        return (
+            f"{self.model or 'graph'}: {len(self.nodes)} nodes, {len(self.op_counts())} op kinds, "
+            f"{len(params)} parameters ({numel / 1e9:.2f} B elements), {len(blocks)} blocks"
+        )
+
+    def to_json(self) -> str:
+        def meta(t: TensorMeta) -> dict:
+            return {"shape": [d if isinstance(d, int) else str(d) for d in t.shape], "dtype": t.dtype}
+
+        return json.dumps(
+            {
+                "model": self.model,
+                "nodes": [
+                    {
+                        "name": n.name, "op": n.op, "inputs": list(n.inputs),
+                        "outputs": [meta(t) for t in n.outputs], "module": n.module,
+                        "location": str(n.location), "param": n.param, "block": n.block,
+                    }
+                    for n in self.nodes
+                ],
+            },
+            indent=1,
+        )

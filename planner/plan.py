@@ -1,0 +1,296 @@
+"""`Plan`: what to shard and how, saved as a versioned ``plan.json``.
+
+A plan is data the lowering applies and a person can read:
+
+- ``params``: fully qualified parameter name -> partition spec (one entry per tensor dim: a mesh
+  axis, a tuple of axes, or null). Every parameter of the model appears, replicated ones too, so a
+  plan for a different model is caught by name.
+- ``activations``: sharding constraints at `Location`s (module path + op + occurrence), which survive
+  recompiles, unlike dynamo's node names.
+- ``collectives``: what the plan predicts the partitioned program will hold.
+- ``predicted``, ``solver``, ``decisions``, ``rewrites``: the planner's account of itself.
+
+JSON only (no pickles), with ``schema_version``; `load_plan` rejects anything it does not
+understand with a message that says what is wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Optional, Sequence
+
+from planner.graph import Graph, Location
+from planner.mesh import MeshError, MeshSpec, PartitionSpec, check_spec, format_spec, normalize_spec
+
+SCHEMA_VERSION = 1
+
+
+class PlanError(ValueError):
+    """A plan that cannot be applied to this model or mesh; the message names the fix."""
+
+
+@dataclass(frozen=True)
+class ActivationConstraint:
+    """Constrain output ``output`` of the op at ``location`` to ``spec``."""
+
+    location: Location
+    spec: PartitionSpec
+    shape: tuple[Any, ...] = ()
+    output: int = 0
+    reason: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "node": str(self.location), "module": self.location.module, "output": self.output,
+            "shape": [d if isinstance(d, int) else str(d) for d in self.shape],
+            "spec": _spec_json(self.spec), "reason": self.reason,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "ActivationConstraint":
+        return cls(Location.parse(d["node"]), _spec_from_json(d["spec"]), tuple(d.get("shape", ())),
+                   int(d.get("output", 0)), d.get("reason", ""))
+
+
+@dataclass(frozen=True)
+class Collective:
+    """A collective the partitioned program runs: kind, mesh axes, bytes moved per call, count."""
+
+    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
+    axes: tuple[str, ...]
+    bytes: int
+    count: int = 1
+    where: str = ""
+
+    def to_json(self) -> dict:
+        return {"kind": self.kind, "axes": list(self.axes), "bytes": int(self.bytes), "count": int(self.count), "where": self.where}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Collective":
+        return cls(d["kind"], tuple(d["axes"]), int(d["bytes"]), int(d.get("count", 1)), d.get("where", ""))
+
+
+@dataclass(frozen=True)
+class Predicted:
+    step_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    memory_bytes_per_device: int = 0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class SolverInfo:
+    status: str = "none"  # OPTIMAL | FEASIBLE | hand-written | ...
+    objective: float = 0.0
+    seconds: float = 0.0
+    variables: int = 0
+    constraints: int = 0
+    gap: float = 0.0
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What was chosen for a node (or block-shared group) and what lost."""
+
+    node: str
+    strategy: str
+    cost: float
+    rejected: str = ""
+    rejected_cost: Optional[float] = None
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class RewriteRecord:
+    name: str
+    count: int
+    where: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "count": self.count, "where": list(self.where)}
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    mesh: MeshSpec
+    params: Mapping[str, PartitionSpec]
+    activations: tuple[ActivationConstraint, ...] = ()
+    hardware: str = ""
+    collectives: tuple[Collective, ...] = ()
+    predicted: Predicted = field(default_factory=Predicted)
+    solver: SolverInfo = field(default_factory=SolverInfo)
+    decisions: tuple[Decision, ...] = ()
+    rewrites: tuple[RewriteRecord, ...] = ()
+    notes: tuple[str, ...] = ()
+    schema_version: int = SCHEMA_VERSION
+
+    def with_(self, **changes: Any) -> "Plan":
+        return replace(self, **changes)
+
+    # --- checking against a captured model ------------------------------------------------------
+
+    def check(self, graph: Graph) -> None:
+        """Raise PlanError unless this plan names exactly the graph's parameters, every spec
+        divides its tensor on this mesh, and every activation location exists."""
+        shapes = {n.param: n.out.shape for n in graph.params()}
+        unknown = sorted(set(self.params) - set(shapes))
+        missing = sorted(set(shapes) - set(self.params))
+        if unknown or missing:
+            parts = []
+            if unknown:
+                parts.append(f"{len(unknown)} parameter(s) the model does not have (e.g. {', '.join(unknown[:3])})")
+            if missing:
+                parts.append(f"no spec for {len(missing)} of the model's parameter(s) (e.g. {', '.join(missing[:3])})")
+            raise PlanError(
+                f"plan for model {self.model!r} does not fit this model ({graph.model or 'captured graph'}): "
+                + "; ".join(parts)
+                + ". Was it saved for another config? Re-plan (drop the `plan` option) or regenerate it for this model."
+            )
+        for name, spec in self.params.items():
+            try:
+                check_spec(spec, shapes[name], self.mesh, f"plan parameter {name}")
+            except MeshError as e:
+                raise PlanError(str(e)) from None
+        by_loc = graph.by_location()
+        for c in self.activations:
+            node = by_loc.get(c.location)
+            if node is None:
+                raise PlanError(
+                    f"plan constrains {c.location}, but the captured graph has no such op. The plan was made for a "
+                    f"different model structure or rewrite set; re-plan, or keep the `rewrites` option it was made with."
+                )
+            if c.output >= len(node.outputs):
+                raise PlanError(f"plan constrains output {c.output} of {c.location}, which has {len(node.outputs)} output(s)")
+            try:
+                check_spec(c.spec, node.outputs[c.output].shape, self.mesh, f"plan activation {c.location}")
+            except MeshError as e:
+                raise PlanError(str(e)) from None
+
+    # --- summaries -------------------------------------------------------------------------------
+
+    def sharded_params(self) -> dict[str, PartitionSpec]:
+        return {k: v for k, v in self.params.items() if any(e is not None for e in v)}
+
+    def summary(self) -> str:
+        lines = [
+            f"plan for {self.model} on mesh {self.mesh} {self.mesh.axis_names}"
+            + (f" ({self.hardware})" if self.hardware else ""),
+            f"  parameters: {len(self.params)} ({len(self.sharded_params())} sharded); activation constraints: {len(self.activations)}",
+            f"  solver: {self.solver.status}, {self.solver.seconds:.2f} s",
+        ]
+        if self.predicted.step_seconds:
+            p = self.predicted
+            lines.append(
+                f"  predicted: {p.step_seconds * 1e3:.2f} ms/forward (compute {p.compute_seconds * 1e3:.2f} ms, "
+                f"comm {p.comm_seconds * 1e3:.2f} ms), {p.memory_bytes_per_device / 2**30:.2f} GiB/device"
+            )
+        return "\n".join(lines)
+
+    # --- JSON ------------------------------------------------------------------------------------
+
+    def to_json(self) -> dict:
+        return {
+            "schema_version": self.schema_version,
+            "model": self.model,
+            "mesh": self.mesh.to_json(),
+            "hardware": self.hardware,
+            "solver": self.solver.to_json(),
+            "params": {k: _spec_json(v) for k, v in self.params.items()},
+            "activations": [a.to_json() for a in self.activations],
+            "collectives": [c.to_json() for c in self.collectives],
+            "predicted": self.predicted.to_json(),
+            "decisions": [d.to_json() for d in self.decisions],
+            "rewrites": [r.to_json() for r in self.rewrites],
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "Plan":
+        if not isinstance(data, Mapping):
+            raise PlanError("plan.json must hold a JSON object")
+        version = data.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise PlanError(
+                f"plan.json has schema_version {version!r}; this wancompile reads version {SCHEMA_VERSION}. "
+                f"Re-plan with this version (drop the `plan` option) to write a new one."
+            )
+        for key in ("model", "mesh", "params"):
+            if key not in data:
+                raise PlanError(f"plan.json lacks the required field {key!r}; it is not a wancompile plan or it is truncated")
+        try:
+            return cls(
+                model=str(data["model"]),
+                mesh=MeshSpec.from_json(data["mesh"]),
+                params={str(k): _spec_from_json(v) for k, v in data["params"].items()},
+                activations=tuple(ActivationConstraint.from_json(a) for a in data.get("activations", [])),
+                hardware=str(data.get("hardware", "")),
+                collectives=tuple(Collective.from_json(c) for c in data.get("collectives", [])),
+                predicted=Predicted(**data.get("predicted", {})),
+                solver=SolverInfo(**data.get("solver", {})),
+                decisions=tuple(Decision(**d) for d in data.get("decisions", [])),
+                rewrites=tuple(RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ()))) for r in data.get("rewrites", [])),
+                notes=tuple(data.get("notes", ())),
+            )
+        except PlanError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise PlanError(f"plan.json is malformed ({type(e).__name__}: {e}); regenerate it with `wancompile plan`") from None
+
+
+def _spec_json(spec: PartitionSpec) -> list:
+    return [list(e) if isinstance(e, tuple) else e for e in spec]
+
+
+def _spec_from_json(value: Any) -> PartitionSpec:
+    if not isinstance(value, list) or not all(e is None or isinstance(e, (str, list)) for e in value):
+        raise PlanError(f"bad partition spec {value!r}: expected a list of null, axis names, or lists of axis names")
+    return normalize_spec(value)
+
+
+def save_plan(plan: Plan, path: str | Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
+    return path
+
+
+def load_plan(path: str | Path) -> Plan:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as e:
+        raise PlanError(f"cannot read plan {path}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"plan {path} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated or corrupted — regenerate it") from None
+    return Plan.from_json(data)
+
+
+def replicated_params(graph: Graph) -> dict[str, PartitionSpec]:
+    return {n.param: (None,) * len(n.out.shape) for n in graph.params()}
+
+
+def spec_str(spec: PartitionSpec) -> str:
+    return format_spec(spec)
+
+
+def total_collective_bytes(collectives: Iterable[Collective]) -> int:
+    return sum(c.bytes * c.count for c in collectives)
+
+
+def shard_shape(shape: Sequence[int], spec: PartitionSpec, mesh: MeshSpec) -> tuple[int, ...]:
+    return tuple(math.ceil(n / mesh.entry_size(e)) for n, e in zip(shape, spec))

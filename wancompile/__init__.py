@@ -1,0 +1,6 @@
+"""wancompile: a torch.compile backend that auto-shards Wan 2.2 over XLA device meshes.
+
+    transformer = torch.compile(pipe.transformer, backend="wan_autoshard", options={"mesh": "8x4"})
+"""
+
+__version__ = "0.1.0"
