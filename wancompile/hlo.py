@@ -1,0 +1,120 @@
+"""Reading the partitioned program: collectives in XLA's optimized HLO text.
+
+``XLA_FLAGS=--xla_dump_to=DIR`` makes XLA write ``*after_optimizations.txt`` per compiled module:
+the SPMD-partitioned HLO, where every all-reduce, all-gather, reduce-scatter, all-to-all and
+collective-permute appears with its per-device shape and its replica groups (explicit
+``{{0,1},{2,3}}`` or iota form ``[4,2]<=[2,4]T(1,0)``). This module parses those lines and maps the
+groups back to mesh axes: the axes along which the devices of a group differ.
+
+Bytes are per device and per call: the result shape for all-gather, the operand (= result) for
+all-reduce, all-to-all and collective-permute, the operand for reduce-scatter.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Optional, Sequence
+
+import numpy as np
+
+from planner.graph import DTYPE_BYTES
+from planner.mesh import MeshSpec
+
+KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
+
+_HLO_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "s32": "int32",
+              "s64": "int64", "u8": "uint8", "s8": "int8", "pred": "bool", "u32": "int32"}
+
+_INSTR = re.compile(
+    r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<kind>"
+    + "|".join(KINDS) + r")(?:-start)?\((?P<operands>[^)]*)\)(?P<rest>.*)$"
+)
+_ARRAY = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
+
+
+@dataclass(frozen=True)
+class HloCollective:
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    shape: str
+    groups: tuple[tuple[int, ...], ...]
+    name: str
+
+
+def _shape_bytes(shape: str) -> int:
+    total = 0
+    for m in _ARRAY.finditer(shape):
+        dims = [int(d) for d in m.group("dims").split(",") if d]
+        total += math.prod(dims) * DTYPE_BYTES.get(_HLO_DTYPE.get(m.group("dtype"), ""), 4)
+    return total
+
+
+def parse_replica_groups(text: str) -> Optional[tuple[tuple[int, ...], ...]]:
+    """``{{0,1},{2,3}}`` or ``[2,2]<=[4]`` / ``[4,2]<=[2,4]T(1,0)`` -> tuple of device-id groups."""
+    m = re.search(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}", text)
+    if m:
+        return tuple(tuple(int(x) for x in g.split(",") if x) for g in re.findall(r"\{([\d,]*)\}", m.group(1)))
+    m = re.search(r"replica_groups=\[([\d,]+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", text)
+    if m:
+        out_shape = [int(x) for x in m.group(1).split(",")]
+        iota_shape = [int(x) for x in m.group(2).split(",")]
+        ids = np.arange(math.prod(iota_shape)).reshape(iota_shape)
+        if m.group(3):
+            ids = ids.transpose([int(x) for x in m.group(3).split(",")])
+        ids = ids.reshape(out_shape[0], -1)
+        return tuple(tuple(int(x) for x in row) for row in ids)
+    m = re.search(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}", text)
+    if m:
+        return tuple(tuple(int(x) for x in p.split(",")) for p in re.findall(r"\{(\d+,\d+)\}", m.group(1)))
+    return None
+
+
+def group_axes(groups: Sequence[Sequence[int]], mesh: MeshSpec) -> tuple[str, ...]:
+    """Mesh axes along which the devices of the groups vary (all groups together)."""
+    varying: set[int] = set()
+    for g in groups:
+        coords = [mesh.coords(d) for d in g]
+        for axis in range(len(mesh.shape)):
+            if len({c[axis] for c in coords}) > 1:
+                varying.add(axis)
+    return tuple(mesh.axis_names[a] for a in sorted(varying))
+
+
+def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[HloCollective]:
+    out = []
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        kind, rest = m.group("kind"), m.group("rest")
+        groups = parse_replica_groups(rest) or ()
+        if kind == "all-reduce" or kind == "all-gather" or kind == "all-to-all" or kind == "collective-permute":
+            nbytes = _shape_bytes(m.group("shape"))
+        else:  # reduce-scatter: bytes of the (un-scattered) operand
+            nbytes = _shape_bytes(m.group("shape")) * (len(groups[0]) if groups else 1)
+        axes = group_axes(groups, mesh) if groups else tuple(mesh.axis_names)
+        out.append(HloCollective(kind, axes, nbytes, m.group("shape").strip(), tuple(map(tuple, groups)), m.group("name")))
+    return out
+
+
+def dumped_modules(dump_dir: str | Path) -> list[Path]:
+    """The partitioned-HLO text files in a dump directory, oldest module first."""
+    return sorted(Path(dump_dir).glob("*after_optimizations.txt"), key=lambda p: p.name)
+
+
+def main_module(paths: Iterable[Path]) -> Path:
+    """The largest module among `paths`: the model's program, not a transfer or a small helper."""
+    paths = list(paths)
+    if not paths:
+        raise FileNotFoundError("no *after_optimizations.txt files were dumped; is XLA_FLAGS=--xla_dump_to set?")
+    return max(paths, key=lambda p: p.stat().st_size)
+
+
+def summarize(collectives: Iterable[HloCollective]) -> Counter:
+    """Counts per (kind, axes)."""
+    return Counter((c.kind, c.axes) for c in collectives)

@@ -1,0 +1,180 @@
+"""Lowering a `Plan` to torch_xla SPMD: parameter shardings + in-graph activation constraints.
+
+What the partitioner sees (DESIGN.md §4): parameters get ``xs.mark_sharding`` on their XLA tensors
+before the first trace (they become the computation's input shardings); each activation constraint
+becomes a plain Python call of ``xs.mark_sharding`` inserted into the FX graph right after the op at
+the plan's `Location`, which torch_xla records as a sharding annotation on that HLO value. The
+graph then runs on XLA tensors under lazy tracing: each call traces the FX graph (Python cost
+only; ~10 µs per op) and torch_xla reuses the compiled computation cached under the trace's hash.
+
+Why not torch_xla's dynamo bridge (the ``openxla_eval`` backend), which traces once and replays:
+with SPMD and an in-graph constraint that actually reshards (the block-stack SP entry, the K/V
+gather), torch_xla 2.9's bridge fails on its first replay with "Trying to access XLA data for tensor
+... while an async operation is in flight: UNKNOWN_SCALAR[]" (tests/test_lowering.py pins this);
+constraints that do not reshard and parameter shardings work there. The ``openxla`` AOT path
+rejects in-graph annotations altogether (DESIGN.md §4).
+
+This is the only module that imports torch_xla's SPMD API.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.fx as fx
+
+from planner.graph import Graph
+from planner.mesh import MeshSpec, PartitionSpec
+from planner.plan import Plan, PlanError
+from wancompile.legalize import legalize
+
+
+def xla_mesh(spec: MeshSpec):
+    """A torch_xla Mesh with row-major device ids, checked against the runtime's device count."""
+    import torch_xla.distributed.spmd as xs
+
+    from wancompile import runtime
+
+    n = runtime.device_count()
+    if n != spec.size:
+        raise PlanError(
+            f"mesh {spec} needs {spec.size} devices but the XLA runtime has {n}. Use a mesh whose axis sizes "
+            f"multiply to {n}, or start the process with PJRT_DEVICE=CPU CPU_NUM_DEVICES={spec.size} (virtual CPU devices)."
+        )
+    return xs.Mesh(np.arange(spec.size), spec.shape, spec.axis_names)
+
+
+def mesh_spec_of(mesh: Any) -> MeshSpec:
+    """MeshSpec of a torch_xla Mesh."""
+    return MeshSpec(tuple(int(n) for n in mesh.mesh_shape), tuple(mesh.axis_names))
+
+
+# FX code can only embed literals, so in-graph constraint calls name their mesh by a key.
+_MESHES: dict[str, Any] = {}
+
+
+def _mesh_key(mesh: Any) -> str:
+    key = f"{tuple(mesh.mesh_shape)}|{tuple(mesh.axis_names)}|{tuple(int(d) for d in np.asarray(mesh.device_ids).ravel())}"
+    _MESHES[key] = mesh
+    return key
+
+
+def _constrain(value: Any, mesh_key: str, spec: PartitionSpec, output: int) -> None:
+    import torch_xla.distributed.spmd as xs
+
+    t = value[output] if isinstance(value, (tuple, list)) else value
+    xs.mark_sharding(t, _MESHES[mesh_key], spec)
+
+
+def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> fx.GraphModule:
+    """Return a copy of `gm` with a sharding-constraint call after every constrained op."""
+    gm = fx.GraphModule(gm, gm.graph.__deepcopy__())  # leave dynamo's graph untouched
+    by_location = graph.by_location()
+    fx_nodes = {n.name: n for n in gm.graph.nodes}
+    key = _mesh_key(mesh)
+    for c in plan.activations:
+        node = by_location.get(c.location)
+        if node is None:
+            raise PlanError(f"plan constrains {c.location}, which this graph does not have; re-plan for this model")
+        target = fx_nodes[node.name]
+        anchor = target
+        while anchor.next.op == "placeholder":  # keep placeholders first
+            anchor = anchor.next
+        with gm.graph.inserting_after(anchor):
+            gm.graph.call_function(_constrain, (target, key, tuple(c.spec), c.output))
+    gm.graph.lint()
+    gm.recompile()
+    return gm
+
+
+class ParamCache:
+    """XLA copies of host parameters, made (and sharded) once per tensor version."""
+
+    def __init__(self) -> None:
+        self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+
+    def get(self, t: torch.Tensor, device: torch.device, shard: Callable[[torch.Tensor], None]) -> torch.Tensor:
+        key = id(t)
+        hit = self._copies.get(key)
+        if hit is not None and hit[0]() is t and hit[1] == t._version:
+            return hit[2]
+        x = t.detach().to(device)
+        shard(x)
+        self._copies[key] = (weakref.ref(t), t._version, x)
+        return x
+
+
+class ShardedProgram:
+    """A captured graph lowered under a plan: call it with the graph's inputs (host or XLA)."""
+
+    def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> None:
+        import torch_xla
+
+        self.graph, self.plan, self.mesh = graph, plan, mesh
+        self.device = torch_xla.device()
+        legal, _ = legalize(gm)
+        self.lowered = insert_constraints(legal, graph, plan, mesh)
+        placeholders = [n for n in graph if n.op == "placeholder"]
+        self._params = [n.param for n in placeholders]
+        self._input_specs = self._placeholder_specs(placeholders)
+        self._cache = ParamCache()
+
+    def _placeholder_specs(self, placeholders) -> list[Optional[PartitionSpec]]:
+        """Sharding for each placeholder: the plan's parameter spec, or an activation constraint
+        placed on an input placeholder."""
+        on_inputs = {c.location: c.spec for c in self.plan.activations}
+        return [self.plan.params.get(n.param) if n.param else on_inputs.get(n.location) for n in placeholders]
+
+    def _mark(self, spec: Optional[PartitionSpec]) -> Callable[[torch.Tensor], None]:
+        import torch_xla.distributed.spmd as xs
+
+        def mark(x: torch.Tensor) -> None:
+            if spec is not None and any(e is not None for e in spec):
+                xs.mark_sharding(x, self.mesh, spec)
+
+        return mark
+
+    def to_device(self, args: Sequence[Any]) -> list[Any]:
+        out = []
+        for a, param, spec in zip(args, self._params, self._input_specs):
+            if not isinstance(a, torch.Tensor):
+                out.append(a)
+            elif a.device.type == "xla":
+                if param is not None and spec is not None:
+                    self._ensure_sharded(a, spec)
+                out.append(a)
+            elif param is not None:
+                out.append(self._cache.get(a, self.device, self._mark(spec)))
+            else:
+                x = a.detach().to(self.device)
+                self._mark(spec)(x)
+                out.append(x)
+        return out
+
+    def _ensure_sharded(self, x: torch.Tensor, spec: PartitionSpec) -> None:
+        import torch_xla
+
+        if not torch_xla._XLAC._get_xla_sharding_spec(x):
+            self._mark(spec)(x)
+
+    def __call__(self, *args: Any) -> Any:
+        import torch_xla
+
+        host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
+        xla_args = self.to_device(args)
+        out = self.lowered(*xla_args)
+        torch_xla.sync()
+        if host is None:
+            return out
+        return _to_host(out, host)
+
+
+def _to_host(out: Any, device: torch.device) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.to(device)
+    if isinstance(out, (tuple, list)):
+        return type(out)(_to_host(o, device) for o in out)
+    return out

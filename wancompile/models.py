@@ -1,0 +1,103 @@
+"""The Wan models we plan for, as data: public configs (DESIGN.md §9), resolutions, example inputs.
+
+Full-size configs are built on the meta device (no weights, no memory); ``tiny`` is a random-weight
+stand-in with the same structure that runs on CPU in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+
+@dataclass(frozen=True)
+class WanModel:
+    name: str
+    transformer: dict[str, Any]
+    vae_stride: tuple[int, int, int] = (4, 8, 8)
+    text_len: int = 512
+    resolutions: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (height, width) in pixels
+    description: str = ""
+
+    def latent_shape(self, resolution: str, frames: int) -> tuple[int, int, int]:
+        """(T, H, W) of the latent for a pixel resolution name and frame count."""
+        if resolution not in self.resolutions:
+            raise ValueError(f"unknown resolution {resolution!r} for {self.name}; choose one of {sorted(self.resolutions)}")
+        if frames < 1 or (frames - 1) % self.vae_stride[0]:
+            raise ValueError(f"frames must be 4k+1 (e.g. 81) for the Wan VAE's temporal stride {self.vae_stride[0]}; got {frames}")
+        h, w = self.resolutions[resolution]
+        return (frames - 1) // self.vae_stride[0] + 1, h // self.vae_stride[1], w // self.vae_stride[2]
+
+    def tokens(self, resolution: str, frames: int) -> int:
+        t, h, w = self.latent_shape(resolution, frames)
+        pt, ph, pw = self.transformer["patch_size"]
+        return (t // pt) * (h // ph) * (w // pw)
+
+
+_A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
+             text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
+             qk_norm="rms_norm_across_heads", eps=1e-6)
+
+MODELS: dict[str, WanModel] = {
+    m.name: m
+    for m in [
+        WanModel("wan2.2-t2v-a14b", _A14B, resolutions={"480p": (480, 832), "720p": (720, 1280)},
+                 description="Wan 2.2 T2V-A14B, one of its two experts (identical structure)"),
+        WanModel("wan2.2-i2v-a14b", {**_A14B, "in_channels": 36}, resolutions={"480p": (480, 832), "720p": (720, 1280)},
+                 description="Wan 2.2 I2V-A14B, one expert; image latents concatenated on channels"),
+        WanModel("wan2.2-ti2v-5b",
+                 dict(patch_size=(1, 2, 2), num_attention_heads=24, attention_head_dim=128, in_channels=48, out_channels=48,
+                      text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30, cross_attn_norm=True,
+                      qk_norm="rms_norm_across_heads", eps=1e-6),
+                 vae_stride=(4, 16, 16), resolutions={"480p": (480, 832), "720p": (704, 1280)},
+                 description="Wan 2.2 TI2V-5B (Wan 2.2 VAE, 16x spatial)"),
+        WanModel("tiny",
+                 dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
+                      text_dim=32, freq_dim=16, ffn_dim=96, num_layers=2, cross_attn_norm=True,
+                      qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32),
+                 vae_stride=(4, 8, 8), text_len=7, resolutions={"tiny": (64, 64), "480p": (48, 64)},
+                 description="random-weight stand-in: 2 blocks, 4 heads x 16"),
+    ]
+}
+
+
+def get_model(name: str) -> WanModel:
+    try:
+        return MODELS[name]
+    except KeyError:
+        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}") from None
+
+
+def build_transformer(name: str, *, device: str | torch.device = "cpu", num_layers: Optional[int] = None,
+                      seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """A `WanTransformer3DModel` for a registered config: random weights on CPU (seeded), or
+    weightless on ``device="meta"``."""
+    from diffusers import WanTransformer3DModel
+
+    cfg = dict(get_model(name).transformer, **overrides)
+    if num_layers is not None:
+        cfg["num_layers"] = num_layers
+    if str(device) == "meta":
+        with torch.device("meta"):
+            return WanTransformer3DModel(**cfg).eval()
+    torch.manual_seed(seed)
+    return WanTransformer3DModel(**cfg).eval().to(device)
+
+
+def transformer_inputs(name: str, resolution: str, frames: int, *, device: str | torch.device = "cpu",
+                       batch: int = 1, seed: int = 1, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """Example `WanTransformer3DModel.forward` kwargs: latent video, timestep, prompt embeddings."""
+    model = get_model(name)
+    t, h, w = model.latent_shape(resolution, frames)
+    cfg = model.transformer
+    shapes = {"hidden_states": (batch, cfg["in_channels"], t, h, w), "encoder_hidden_states": (batch, model.text_len, cfg["text_dim"])}
+    if str(device) == "meta":
+        out = {k: torch.empty(s, device="meta", dtype=dtype) for k, s in shapes.items()}
+        out["timestep"] = torch.empty((batch,), device="meta", dtype=torch.long)
+        return out
+    g = torch.Generator().manual_seed(seed)
+    out = {k: torch.randn(s, generator=g, dtype=dtype) for k, s in shapes.items()}
+    out["timestep"] = torch.full((batch,), 500, dtype=torch.long)
+    return {k: v.to(device) for k, v in out.items()}
