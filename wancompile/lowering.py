@@ -28,7 +28,7 @@ import torch.fx as fx
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec, PartitionSpec
-from planner.plan import Plan, PlanError
+from planner.plan import Plan, PlanError, replicated_params
 from wancompile.legalize import legalize
 
 
@@ -113,7 +113,8 @@ class ShardedProgram:
     def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> None:
         import torch_xla
 
-        self.graph, self.plan, self.mesh = graph, plan, mesh
+        self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
+        self.hlo_path = None
         self.device = torch_xla.device()
         legal, _ = legalize(gm)
         self.lowered = insert_constraints(legal, graph, plan, mesh)
@@ -163,13 +164,39 @@ class ShardedProgram:
     def __call__(self, *args: Any) -> Any:
         import torch_xla
 
+        from wancompile import hlo, runtime
+
         host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
         xla_args = self.to_device(args)
+        dump = runtime.current_dump_dir() if self.hlo_path is None else None
+        before = set(hlo.dumped_modules(dump)) if dump else set()
         out = self.lowered(*xla_args)
         torch_xla.sync()
+        if dump:
+            new = [p for p in hlo.dumped_modules(dump) if p not in before]
+            if new:
+                self.hlo_path = hlo.main_module(new)
         if host is None:
             return out
         return _to_host(out, host)
+
+    def collectives(self) -> list:
+        """The collectives of this program's partitioned HLO (needs an HLO dump directory: see
+        wancompile.runtime.configure)."""
+        from wancompile import hlo
+
+        if self.hlo_path is None:
+            raise RuntimeError(
+                "no partitioned HLO was recorded for this program: either XLA_FLAGS=--xla_dump_to=DIR was not set before "
+                "the XLA runtime started (wancompile.runtime.configure(dump_dir=...), or the backend's dump_dir option), "
+                "or XLA took the program from its compile cache because an identical one was compiled earlier in this process"
+            )
+        return hlo.parse_collectives(self.hlo_path.read_text(), self.plan.mesh)
+
+    def replicated(self) -> "ShardedProgram":
+        """The same (legalized) graph with every parameter and activation replicated: the
+        one-device program that sharded results are judged against."""
+        return ShardedProgram(self.source, self.graph, Plan(self.plan.model, self.plan.mesh, replicated_params(self.graph)), self.mesh)
 
 
 def _to_host(out: Any, device: torch.device) -> Any:

@@ -20,7 +20,7 @@ class RuntimeConfigError(RuntimeError):
     """The XLA runtime is (or would be) configured differently from what was asked."""
 
 
-def _runtime_started() -> bool:
+def runtime_started() -> bool:
     import sys
 
     if "torch_xla" not in sys.modules:
@@ -36,7 +36,7 @@ def configure(num_devices: Optional[int] = None, dump_dir: Optional[str | Path] 
     Must run before the XLA runtime starts (the first XLA tensor or device query). If the runtime
     already runs, the request is checked against it instead.
     """
-    if _runtime_started():
+    if runtime_started():
         if num_devices is not None and device_count() != num_devices:
             raise RuntimeConfigError(
                 f"this process's XLA runtime already has {device_count()} devices; {num_devices} were asked for. "
@@ -64,7 +64,7 @@ def ensure_dump_dir() -> Path:
     d = current_dump_dir()
     if d is not None:
         return d
-    if _runtime_started():
+    if runtime_started():
         raise RuntimeConfigError(
             "the XLA runtime started without XLA_FLAGS=--xla_dump_to=DIR, so compiled HLO cannot be inspected in this "
             "process; set it before the first XLA use, or call wancompile.runtime.configure(dump_dir=...) first."

@@ -1,0 +1,38 @@
+"""Reading collectives out of partitioned HLO text and mapping replica groups to mesh axes."""
+
+from planner.mesh import MeshSpec
+from wancompile.hlo import group_axes, parse_collectives, parse_replica_groups
+
+MESH = MeshSpec((2, 4), ("batch", "model"))
+
+HLO = """
+  %all-reduce.3 = f32[24,64]{1,0} all-reduce(%dot.8), channel_id=7, replica_groups={{0,1,2,3},{4,5,6,7}}, use_global_device_ids=true, to_apply=%add.1.clone
+  %all-gather.2 = f32[1,48,1,16]{3,2,0,1} all-gather(%add_bitcast_fusion.11), channel_id=6, replica_groups=[4,2]<=[2,4]T(1,0), dimensions={1}, use_global_device_ids=true
+  %reduce-scatter = f32[1,12,64]{2,1,0} reduce-scatter(%x), channel_id=9, replica_groups=[1,8]<=[8], dimensions={1}, to_apply=%add
+  %collective-permute.1 = f32[1,2,8]{2,1,0} collective-permute(%y), channel_id=3, source_target_pairs={{0,1},{1,2},{2,3},{3,0}}
+  ROOT %all-to-all = (f32[2,8]{1,0}, f32[2,8]{1,0}) all-to-all(%a, %b), channel_id=4, replica_groups={{0,4},{1,5},{2,6},{3,7}}
+  %not-a-collective = f32[2]{0} add(%p, %q)
+"""
+
+
+def test_replica_group_forms():
+    assert parse_replica_groups("replica_groups={{0,1},{2,3}}") == ((0, 1), (2, 3))
+    assert parse_replica_groups("replica_groups=[2,4]<=[8]") == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert parse_replica_groups("replica_groups=[4,2]<=[2,4]T(1,0)") == ((0, 4), (1, 5), (2, 6), (3, 7))
+
+
+def test_groups_map_to_the_mesh_axes_they_span():
+    assert group_axes(((0, 1, 2, 3), (4, 5, 6, 7)), MESH) == ("model",)
+    assert group_axes(((0, 4), (1, 5), (2, 6), (3, 7)), MESH) == ("batch",)
+    assert group_axes((tuple(range(8)),), MESH) == ("batch", "model")
+
+
+def test_parse_collectives_kinds_axes_and_bytes():
+    got = [(c.kind, c.axes, c.bytes) for c in parse_collectives(HLO, MESH)]
+    assert got == [
+        ("all-reduce", ("model",), 24 * 64 * 4),
+        ("all-gather", ("batch",), 48 * 16 * 4),
+        ("reduce-scatter", ("batch", "model"), 12 * 64 * 4 * 8),
+        ("collective-permute", ("model",), 16 * 4),
+        ("all-to-all", ("batch",), 2 * 16 * 4),
+    ]

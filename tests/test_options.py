@@ -1,0 +1,67 @@
+"""The backend's options: one frozen dataclass from the options dict and WANCOMPILE_* variables."""
+
+import dataclasses
+
+import pytest
+
+from planner.mesh import MeshSpec
+from wancompile.options import REWRITE_NAMES, Options, OptionsError
+
+
+def test_mesh_string_becomes_a_named_2d_mesh():
+    opts = Options.from_user({"mesh": "8x4"}, env={})
+    assert opts.mesh == MeshSpec((8, 4), ("batch", "model"))
+
+
+def test_mesh_tuple_and_custom_axis_names():
+    opts = Options.from_user({"mesh": (2, 4), "axis_names": ("sp", "tp")}, env={})
+    assert opts.mesh == MeshSpec((2, 4), ("sp", "tp"))
+
+
+def test_options_are_frozen():
+    opts = Options.from_user({"mesh": "2x4"}, env={})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.mesh = None
+
+
+def test_environment_variables_are_read_and_the_dict_wins():
+    env = {"WANCOMPILE_MESH": "1x4", "WANCOMPILE_VERIFY": "1", "WANCOMPILE_MEMORY_GB": "12", "WANCOMPILE_REWRITES": "qkv,rope"}
+    opts = Options.from_user({"mesh": "2x4"}, env=env)
+    assert opts.mesh.shape == (2, 4)
+    assert opts.verify is True
+    assert opts.memory_gb == 12.0
+    assert opts.rewrites == ("qkv", "rope")
+
+
+def test_rewrites_all_and_none():
+    assert Options.from_user({"rewrites": "all"}, env={}).rewrites == REWRITE_NAMES
+    assert Options.from_user({"rewrites": "none"}, env={}).rewrites == ()
+
+
+def test_unknown_option_key_is_an_error_listing_the_known_ones():
+    with pytest.raises(OptionsError, match=r"unknown wan_autoshard option 'mesh_shape'.*known options: axis_names, dump_dir"):
+        Options.from_user({"mesh_shape": "8x4"}, env={})
+
+
+@pytest.mark.parametrize("bad", ["8by4", "8x", "x4", "0x4", "2x-4"])
+def test_mesh_string_that_does_not_parse_names_the_format(bad):
+    with pytest.raises(OptionsError, match=r"option 'mesh'.*(e\.g\. '8x4'|positive integer)"):
+        Options.from_user({"mesh": bad}, env={})
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"memory_gb": "lots"}, "memory_gb' must be a number"),
+        ({"memory_gb": -1}, "must be positive"),
+        ({"verify": "maybe"}, "'verify' must be a boolean"),
+        ({"rewrites": ["qkv", "fuse_everything"]}, "unknown pass"),
+        ({"plan": "/nonexistent/plan.json"}, "no file at"),
+        ({"axis_names": "a,b"}, "needs a 'mesh'"),
+        ({"mesh": "2x4", "axis_names": ("a", "a")}, "must be distinct"),
+        ({"mesh": "2x4", "axis_names": ("a",)}, "one name per axis"),
+    ],
+)
+def test_bad_option_values_are_named(options, message):
+    with pytest.raises(OptionsError, match=message):
+        Options.from_user(options, env={})

@@ -1,0 +1,138 @@
+"""The ``wan_autoshard`` dynamo backend: capture -> plan -> lower -> (verify) -> run.
+
+    torch.compile(pipe.transformer, backend="wan_autoshard", options={"mesh": "8x4"})
+
+Registered under the ``torch_dynamo_backends`` entry-point group (pyproject.toml), so the name works
+after ``pip install`` without importing wancompile. Each graph dynamo hands over is annotated
+(`wancompile.capture`), given a plan (a saved ``plan.json`` when the ``plan`` option is set, else
+the planner's), checked against the graph, and lowered to torch_xla SPMD (`wancompile.lowering`).
+
+If dynamo breaks the model into several graphs, each is planned on its own; a graph that is not a
+Wan DiT (no attention blocks) runs replicated and the log says so — nothing is silently sharded
+without a plan that fits it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from typing import Any, Callable, Mapping, Optional
+
+import torch
+import torch.fx as fx
+
+from planner.graph import Graph
+from planner.mesh import MeshSpec
+from planner.plan import Plan, PlanError, load_plan, replicated_params, save_plan
+from wancompile import runtime
+from wancompile.capture import annotate
+from wancompile.options import Options
+from wancompile.verify import VerificationError, numerics, tolerance
+
+log = logging.getLogger("wancompile")
+
+_RECENT: list = []  # the last programs compiled in this process, newest last (for inspection)
+
+
+def last_program():
+    """The most recently compiled `ShardedProgram` (plan, HLO path, verification), for inspection."""
+    if not _RECENT:
+        raise RuntimeError("no graph has been compiled with backend='wan_autoshard' in this process yet")
+    return _RECENT[-1]
+
+
+def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any) -> Callable:
+    opts = Options.from_user(options)
+    _start_runtime(opts)
+    from wancompile.lowering import ShardedProgram, mesh_spec_of, xla_mesh
+
+    mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model")))
+    mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
+    graph = annotate(gm, model=_model_name(gm))
+    plan = _plan_for(graph, mesh, opts)
+    plan.check(graph)
+    if opts.dump_dir is not None:
+        _dump(opts.dump_dir, graph, plan)
+    program = ShardedProgram(gm, graph, plan, mesh_obj)
+    program.verification = None
+    _RECENT.append(program)
+    del _RECENT[:-8]
+    log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
+    return _Verifying(program) if opts.verify else program
+
+
+def _start_runtime(opts: Options) -> None:
+    """Virtual CPU devices when nothing else is configured; HLO dumps under dump_dir."""
+    if not runtime.runtime_started():
+        if "PJRT_DEVICE" not in os.environ or os.environ["PJRT_DEVICE"] == "CPU":
+            n = opts.mesh.size if opts.mesh is not None else None
+            runtime.configure(num_devices=n, dump_dir=(opts.dump_dir / "hlo") if opts.dump_dir and not runtime.current_dump_dir() else None)
+    runtime.use_spmd()
+
+
+def _model_name(gm: fx.GraphModule) -> str:
+    return "wan-dit" if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder") else "graph"
+
+
+def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
+    if opts.plan is not None:
+        plan = load_plan(opts.plan)
+        if plan.mesh.shape != mesh.shape:
+            raise PlanError(
+                f"plan {opts.plan} was made for mesh {plan.mesh} but this compile uses mesh {mesh}; "
+                f"pass mesh={str(plan.mesh)!r} or re-plan for {mesh}"
+            )
+        if plan.mesh.axis_names != mesh.axis_names:
+            raise PlanError(f"plan {opts.plan} names mesh axes {plan.mesh.axis_names}, this mesh has {mesh.axis_names}")
+        return plan
+    return solve(graph, mesh, opts)
+
+
+def solve(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
+    """A plan for `graph` on `mesh` without a saved plan: the tt-xla hand plan for a Wan DiT
+    graph, else replicated (logged)."""
+    from planner.hand_plans import tt_xla_plan
+
+    if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
+        return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or "")
+    log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
+    return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
+
+
+def _dump(dump_dir, graph: Graph, plan: Plan) -> None:
+    dump_dir.mkdir(parents=True, exist_ok=True)
+    save_plan(plan, dump_dir / "plan.json")
+    (dump_dir / "graph.json").write_text(graph.to_json())
+    (dump_dir / "summary.txt").write_text(graph.summary() + "\n" + plan.summary() + "\n")
+
+
+class _Verifying:
+    """Runs the program; on the first call also runs it unsharded and raises on mismatch."""
+
+    def __init__(self, program) -> None:
+        self.program = program
+
+    def __call__(self, *args: Any) -> Any:
+        out = self.program(*args)
+        if self.program.verification is None:
+            ref = self.program.replicated()(*args)
+            result = numerics(out, ref)
+            self.program.verification = result
+            dtype = next((t.dtype for t in _tensors(out)), torch.float32)
+            if not result.pcc >= tolerance(dtype):
+                raise VerificationError(
+                    f"wan_autoshard verify: the sharded program disagrees with the unsharded one ({result}; "
+                    f"needs PCC >= {tolerance(dtype)}). Plan: {self.program.plan.summary()}. "
+                    "Report this with the dump_dir contents; run with verify off only if you accept it."
+                )
+            log.info("wan_autoshard verify: %s", result)
+        return out
+
+
+def _tensors(x: Any) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    if isinstance(x, (tuple, list)):
+        return [t for v in x for t in _tensors(v)]
+    return []

@@ -1,0 +1,141 @@
+"""The backend's options (DESIGN.md §2), parsed once into a frozen, validated `Options`.
+
+Sources, later ones winning: defaults, ``WANCOMPILE_<NAME>`` environment variables, the
+``options={...}`` dict given to ``torch.compile``. Unknown keys are errors that list the known ones.
+
+    torch.compile(m, backend="wan_autoshard", options={"mesh": "8x4", "hardware": "wh-galaxy"})
+    WANCOMPILE_MESH=2x4 WANCOMPILE_VERIFY=1 python run.py
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional, Union
+
+from planner.mesh import MeshError, MeshSpec, parse_mesh
+
+REWRITE_NAMES = ("qkv", "rmsnorm", "conv1x1", "patch_embed", "rope", "sp_pad")
+ENV_PREFIX = "WANCOMPILE_"
+
+
+class OptionsError(ValueError):
+    """A bad backend option; the message names the option and the fix."""
+
+
+@dataclass(frozen=True)
+class Options:
+    # Device mesh: "8x4", (8, 4), a MeshSpec, or a torch_xla Mesh. None: all devices on one "model" axis.
+    mesh: Optional[MeshSpec] = None
+    # The torch_xla Mesh object when one was given (device order taken from it).
+    xla_mesh: Any = field(default=None, compare=False, repr=False)
+    # Hardware profile name for the cost model (e.g. "wh-galaxy"); None: the planner's default.
+    hardware: Optional[str] = None
+    # Write plan.json (and the planner's other dumps) here.
+    dump_dir: Optional[Path] = None
+    # Run this saved plan.json instead of solving.
+    plan: Optional[Path] = None
+    # Per-device memory budget in GB, overriding the hardware profile's.
+    memory_gb: Optional[float] = None
+    # On the first call, compare against the same graph unsharded and raise on mismatch.
+    verify: bool = False
+    # Graph rewrites to run before planning: a tuple of names from REWRITE_NAMES.
+    rewrites: tuple[str, ...] = ()
+
+    @classmethod
+    def from_user(cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> "Options":
+        env = os.environ if env is None else env
+        raw: dict[str, Any] = {}
+        for key, value in env.items():
+            if key.startswith(ENV_PREFIX):
+                name = key[len(ENV_PREFIX):].lower()
+                if name in _KNOWN:
+                    raw[name] = value
+        for key, value in (options or {}).items():
+            if key not in _KNOWN:
+                raise OptionsError(
+                    f"unknown wan_autoshard option {key!r}; known options: {', '.join(sorted(_KNOWN))}"
+                )
+            raw[key] = value
+        return _parse(raw)
+
+
+_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites"})
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def _parse(raw: dict[str, Any]) -> Options:
+    axis_names = raw.get("axis_names")
+    if isinstance(axis_names, str):
+        axis_names = tuple(a.strip() for a in axis_names.split(",") if a.strip())
+    mesh, xla_mesh = None, None
+    if raw.get("mesh") is not None:
+        value = raw["mesh"]
+        if hasattr(value, "mesh_shape") and hasattr(value, "axis_names"):  # a torch_xla Mesh
+            xla_mesh = value
+            names = axis_names or tuple(value.axis_names or ())
+            value = MeshSpec(tuple(int(n) for n in value.mesh_shape), tuple(names) if names else _default_names(len(value.mesh_shape)))
+        try:
+            mesh = parse_mesh(value, axis_names)
+        except MeshError as e:
+            raise OptionsError(f"option 'mesh': {e}") from None
+    elif axis_names is not None:
+        raise OptionsError("option 'axis_names' needs a 'mesh' to name")
+
+    memory_gb = raw.get("memory_gb")
+    if memory_gb is not None:
+        try:
+            memory_gb = float(memory_gb)
+        except (TypeError, ValueError):
+            raise OptionsError(f"option 'memory_gb' must be a number of gigabytes, got {memory_gb!r}") from None
+        if memory_gb <= 0:
+            raise OptionsError(f"option 'memory_gb' must be positive, got {memory_gb}")
+
+    verify = raw.get("verify", False)
+    if isinstance(verify, str):
+        if verify.lower() not in _TRUE | _FALSE:
+            raise OptionsError(f"option 'verify' must be a boolean (1/0, true/false), got {verify!r}")
+        verify = verify.lower() in _TRUE
+    elif not isinstance(verify, bool):
+        raise OptionsError(f"option 'verify' must be a boolean, got {verify!r}")
+
+    plan = raw.get("plan")
+    if plan is not None:
+        plan = Path(plan)
+        if not plan.is_file():
+            raise OptionsError(f"option 'plan': no file at {plan}; pass the path of a plan.json written by wancompile")
+
+    return Options(
+        mesh=mesh,
+        xla_mesh=xla_mesh,
+        hardware=str(raw["hardware"]) if raw.get("hardware") else None,
+        dump_dir=Path(raw["dump_dir"]) if raw.get("dump_dir") else None,
+        plan=plan,
+        memory_gb=memory_gb,
+        verify=verify,
+        rewrites=_parse_rewrites(raw.get("rewrites", "none")),
+    )
+
+
+def _default_names(ndim: int) -> tuple[str, ...]:
+    return parse_mesh((1,) * ndim).axis_names
+
+
+def _parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
+    if isinstance(value, str):
+        if value.strip().lower() == "all":
+            return REWRITE_NAMES
+        if value.strip().lower() in ("none", ""):
+            return ()
+        value = [v.strip() for v in value.split(",") if v.strip()]
+    names = tuple(value)
+    bad = [n for n in names if n not in REWRITE_NAMES]
+    if bad:
+        raise OptionsError(f"option 'rewrites': unknown pass(es) {bad}; use 'all', 'none', or names from {list(REWRITE_NAMES)}")
+    return names
+
+
+def option_names() -> list[str]:
+    return sorted(_KNOWN)
