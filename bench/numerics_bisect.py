@@ -91,23 +91,33 @@ def functionalize_setitem(gm: fx.GraphModule) -> int:
     a read of ``buf`` before the write.
 
     Only applied where it is exact: ``buf`` is a fresh allocation (empty_like, zeros, clone...)
-    and is not aliased by a view. Returns the number of nodes rewritten."""
+    and every other user of ``buf`` (views included) comes after its last write, so nothing can
+    observe the buffer between writes. Returns the number of setitem nodes rewritten."""
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    writes: dict[fx.Node, list[fx.Node]] = {}
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target is operator.setitem and isinstance(node.args[0], fx.Node):
+            writes.setdefault(node.args[0], []).append(node)
     n_rewritten = 0
-    for node in list(gm.graph.nodes):
-        if not (node.op == "call_function" and node.target is operator.setitem):
+    for buf, sets in writes.items():
+        fresh = (buf.op == "call_function" and buf.target in _FRESH) or (
+            buf.op == "call_method" and buf.target == "clone")
+        if not fresh:
             continue
-        buf = node.args[0]
-        if not (isinstance(buf, fx.Node) and buf.op == "call_function" and buf.target in _FRESH):
-            continue
-        order = {n: i for i, n in enumerate(gm.graph.nodes)}
-        with gm.graph.inserting_after(node):
-            new = gm.graph.call_function(setitem_out_of_place, tuple(node.args))
-        new.meta = dict(node.meta)
-        for user in list(buf.users):
-            if user is not new and user is not node and order.get(user, -1) > order[node]:
-                user.replace_input_with(buf, new)
-        gm.graph.erase_node(node)
-        n_rewritten += 1
+        last = max(order[w] for w in sets)
+        others = [u for u in buf.users if u not in sets]
+        if any(order[u] < last for u in others) or any(w.args[0] is not buf for w in sets):
+            continue  # something can observe buf between writes: leave it in place
+        cur = buf
+        for w in sorted(sets, key=order.__getitem__):
+            with gm.graph.inserting_after(w):
+                new = gm.graph.call_function(setitem_out_of_place, (cur,) + tuple(w.args[1:]))
+            new.meta = dict(w.meta)
+            gm.graph.erase_node(w)
+            cur = new
+            n_rewritten += 1
+        for u in others:
+            u.replace_input_with(buf, cur)
     gm.graph.lint()
     gm.recompile()
     return n_rewritten
