@@ -110,14 +110,13 @@ class ParamCache:
 class ShardedProgram:
     """A captured graph lowered under a plan: call it with the graph's inputs (host or XLA)."""
 
-    def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> None:
+    def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, *, legalize_ops: bool = True) -> None:
         import torch_xla
 
         self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
         self.hlo_path = None
         self.device = torch_xla.device()
-        legal, _ = legalize(gm)
-        self.lowered = insert_constraints(legal, graph, plan, mesh)
+        self.lowered = insert_constraints(legalize(gm)[0] if legalize_ops else gm, graph, plan, mesh)
         placeholders = [n for n in graph if n.op == "placeholder"]
         self._params = [n.param for n in placeholders]
         self._input_specs = self._placeholder_specs(placeholders)
