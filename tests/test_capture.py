@@ -85,3 +85,32 @@ def test_full_size_a14b_captures_on_meta_with_40_blocks():
     assert len(set(per_block)) == 1 and per_block[0] * 40 + sum(1 for n in graph if n.block is None) == len(graph)
     tokens = next(n for n in graph if n.op == "contiguous" and n.module == "")
     assert tokens.out.shape == (1, 21 * 45 * 80, 5120)
+
+
+def test_every_graph_of_the_streaming_vae_decode_is_annotated():
+    """diffusers' frame-by-frame decode breaks into many graphs (feat_cache); each must still be
+    readable by the planner, with its residual blocks identified."""
+    from diffusers import AutoencoderKLWan
+
+    from wancompile.capture import annotate
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                           temperal_downsample=[False, True, True]).eval()
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(vae.decode, backend=record)(torch.randn(1, 4, 3, 4, 4))
+    torch._dynamo.reset()
+    assert len(graphs) > 1
+    annotated = [annotate(gm) for gm in graphs]
+    assert all(unannotated(g) == [] for g in annotated)
+    assert all(len(g) == len(gm.graph.nodes) for g, gm in zip(annotated, graphs))
+    decoder = max(annotated, key=len)
+    assert "up_blocks.0.resnets" in decoder.block_prefixes and len(decoder.blocks()) >= 8
+    assert any(n.param == "conv_in.weight" for n in decoder.params())

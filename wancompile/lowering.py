@@ -19,6 +19,8 @@ This is the only module that imports torch_xla's SPMD API.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import weakref
 from typing import Any, Callable, Optional, Sequence
 
@@ -51,6 +53,10 @@ def mesh_spec_of(mesh: Any) -> MeshSpec:
     """MeshSpec of a torch_xla Mesh."""
     return MeshSpec(tuple(int(n) for n in mesh.mesh_shape), tuple(mesh.axis_names))
 
+
+# Partitioned-HLO dump of each distinct program compiled in this process, so a program that XLA
+# serves from its compile cache still knows its HLO.
+_HLO_BY_PROGRAM: dict[str, Any] = {}
 
 # FX code can only embed literals, so in-graph constraint calls name their mesh by a key.
 _MESHES: dict[str, Any] = {}
@@ -172,12 +178,21 @@ class ShardedProgram:
         out = self.lowered(*xla_args)
         torch_xla.sync()
         if dump:
+            key = self._program_key(xla_args)
             new = [p for p in hlo.dumped_modules(dump) if p not in before]
             if new:
-                self.hlo_path = hlo.main_module(new)
+                _HLO_BY_PROGRAM[key] = hlo.main_module(new)
+            # No new dump: XLA reused an identical compiled program (same code, plan and shapes).
+            self.hlo_path = _HLO_BY_PROGRAM.get(key)
         if host is None:
             return out
         return _to_host(out, host)
+
+    def _program_key(self, args: Sequence[Any]) -> str:
+        shapes = [(tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args]
+        plan = json.dumps({"params": self.plan.to_json()["params"], "acts": self.plan.to_json()["activations"],
+                           "mesh": self.plan.mesh.to_json()}, sort_keys=True)
+        return hashlib.sha1((self.lowered.code + plan + repr(shapes)).encode()).hexdigest()
 
     def collectives(self) -> list:
         """The collectives of this program's partitioned HLO (needs an HLO dump directory: see
@@ -186,9 +201,8 @@ class ShardedProgram:
 
         if self.hlo_path is None:
             raise RuntimeError(
-                "no partitioned HLO was recorded for this program: either XLA_FLAGS=--xla_dump_to=DIR was not set before "
-                "the XLA runtime started (wancompile.runtime.configure(dump_dir=...), or the backend's dump_dir option), "
-                "or XLA took the program from its compile cache because an identical one was compiled earlier in this process"
+                "no partitioned HLO was recorded for this program: run it once with XLA_FLAGS=--xla_dump_to=DIR set "
+                "before the XLA runtime starts (wancompile.runtime.configure(dump_dir=...), or the backend's dump_dir option)"
             )
         return hlo.parse_collectives(self.hlo_path.read_text(), self.plan.mesh)
 
