@@ -99,6 +99,8 @@ def _heads(group: list[fx.Node]) -> int:
 
 def _heads_after(node: fx.Node, features: int, depth: int = 2) -> int | None:
     for user in node.users:
+        if not isinstance(user.meta.get("example_value"), torch.Tensor):
+            continue
         if calls_method(user, "unflatten") or calls(user, torch.unflatten):
             dim, sizes = (list(user.args[1:]) + list(user.kwargs.values()))[:2]
             ndim = len(shape(node))
@@ -106,7 +108,7 @@ def _heads_after(node: fx.Node, features: int, depth: int = 2) -> int | None:
                 heads = sizes[0] if sizes[0] != -1 else features // sizes[1]
                 if heads > 0 and features % heads == 0:
                     return heads
-        if depth > 0 and isinstance(value(user), torch.Tensor) and shape(user) == shape(node):
+        if depth > 0 and shape(user) == shape(node):
             found = _heads_after(user, features, depth - 1)
             if found is not None:
                 return found
