@@ -42,6 +42,11 @@ class Skip(Exception):
     """A candidate's preconditions could not be proven; the message says which, for `RewriteReport.skipped`."""
 
 
+def note(path: str, why: object) -> str:
+    """One `RewriteReport.skipped` entry: where, and why."""
+    return f"{path or '<root>'}: {why}"
+
+
 def report(name: str, where: Iterable[str], skipped: Iterable[str]) -> RewriteReport:
     where = tuple(where)
     return RewriteReport(name=name, count=len(where), where=where, skipped=tuple(skipped))

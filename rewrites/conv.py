@@ -27,7 +27,7 @@ import torch
 import torch.fx as fx
 
 from ._core import (CONV, Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish,
-                    module_path, only_user, replace, report, shape, static)
+                    module_path, note, only_user, replace, report, shape, static)
 
 
 def conv1x1_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
@@ -40,7 +40,7 @@ def conv1x1_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteConte
                 _conv1x1(gm.graph, node)
                 where.append(path)
             except Skip as why:
-                skipped.append(f"{path}: {why}")
+                skipped.append(note(path, why))
     finish(gm)
     return report("conv1x1", where, skipped)
 
@@ -57,7 +57,7 @@ def patch_embed_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteC
                 _patch_embed(gm.graph, node, kernel)
                 where.append(path)
             except Skip as why:
-                skipped.append(f"{path}: {why}")
+                skipped.append(note(path, why))
     finish(gm)
     return report("patch_embed", where, skipped)
 

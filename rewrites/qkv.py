@@ -29,7 +29,7 @@ import torch
 import torch.fx as fx
 
 from ._core import (LINEAR, Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish,
-                    linear_args, module_path, parent_stack, replace, report, shape, static, value)
+                    linear_args, module_path, note, parent_stack, replace, report, shape, static, value)
 
 ROLES = ("to_q", "to_k", "to_v")
 
@@ -44,7 +44,7 @@ def fuse_qkv(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> 
             _pack(gm.graph, group, heads, order)
             where.append(attention)
         except Skip as why:
-            skipped.append(f"{attention}: {why}")
+            skipped.append(note(attention, why))
     finish(gm)
     return report("qkv", where, skipped)
 

@@ -32,8 +32,8 @@ import operator
 import torch
 import torch.fx as fx
 
-from ._core import (Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish,
-                    module_path, only_user, replace, report, shape, value)
+from ._core import (Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish, module_path,
+                    note, only_user, replace, report, shape, value)
 
 NORMALIZE = (torch.nn.functional.normalize,)
 MUL = (operator.mul, torch.mul)
@@ -49,7 +49,7 @@ def fuse_rmsnorm(gm: fx.GraphModule, context: RewriteContext = RewriteContext())
                 _rewrite(gm.graph, _match(node))
                 where.append(path)
             except Skip as why:
-                skipped.append(f"{path}: {why}")
+                skipped.append(note(path, why))
     finish(gm)
     return report("rmsnorm", where, skipped)
 

@@ -26,7 +26,7 @@ import operator
 import torch
 import torch.fx as fx
 
-from ._core import (Emitter, RewriteContext, RewriteReport, Skip, calls, finish, module_path, replace,
+from ._core import (Emitter, RewriteContext, RewriteReport, Skip, calls, finish, module_path, note, replace,
                     report, shape, value)
 
 EVEN = (Ellipsis, slice(0, None, 2))
@@ -44,7 +44,7 @@ def rope_without_scatter(gm: fx.GraphModule, context: RewriteContext = RewriteCo
                 _rewrite(gm.graph, node, even, odd, order)
                 where.append(path)
             except Skip as why:
-                skipped.append(f"{path}: {why}")
+                skipped.append(note(path, why))
     finish(gm)
     return report("rope", where, skipped)
 
