@@ -21,7 +21,7 @@ from the prompt, not from padded tensors, and are left alone.
 Where: the block stack is the nodes of modules ``blocks.N``, extended forward through the per-token
 tail (``norm_out``, the output modulation, ``proj_out``: ops whose result still has L at dim 1) up to
 the reshape that unpatchifies. Entries are the non-placeholder tensors with L at dim 1 that it reads
-(a tensor feeding ``attn2``, the prompt, never is); exits are its values read outside it. Before
+(not parameters; a tensor feeding ``attn2``, the prompt, never is); exits are its values read outside it. Before
 touching the graph the pass re-runs every op of the stack on padded FakeTensors; if one rejects them
 (a hard-coded length), the graph is left unchanged and the reason reported.
 """
@@ -105,13 +105,15 @@ class _Plan:
                 self.region.add(node)
 
     def _has_tokens(self, node: fx.Node) -> bool:
+        if node.op not in ("call_function", "call_method", "call_module", "placeholder"):
+            return False
         v = node.meta.get("example_value")
         return isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == self.tokens
 
     def _entries(self) -> list[fx.Node]:
         entries = []
         for node in self.nodes:
-            if node in self.region or not node.op.startswith("call") or not self._has_tokens(node):
+            if node in self.region or not self._has_tokens(node) or _is_parameter(node):
                 continue
             readers = [u for u in node.users if u in self.region]
             if readers and not any(CROSS_ATTENTION.search(module_path(u)) for u in readers):
@@ -173,8 +175,10 @@ class _Plan:
     # --- rewriting ------------------------------------------------------------------------------
 
     def apply(self) -> None:
+        last_placeholder = [n for n in self.nodes if n.op == "placeholder"][-1]
         for entry in self.entries:
-            padded = Emitter(self.graph, entry, entry, after=True).call(
+            anchor = last_placeholder if entry.op == "placeholder" else entry  # placeholders stay first
+            padded = Emitter(self.graph, anchor, entry, after=True).call(
                 torch.nn.functional.pad, entry, self._widths(entry), name=f"{entry.name}_padded")
             entry.replace_all_uses_with(padded, delete_user_cb=lambda user: user in self.region)
         mask = self._emit_key_mask()
@@ -197,6 +201,10 @@ class _Plan:
         positions = emit.call(torch.arange, self.tokens + self.pad, device=self._device(), name="token_positions")
         valid = emit.call(operator.lt, positions, self.tokens, name="valid_tokens")
         return emit.method("view", valid, 1, 1, 1, self.tokens + self.pad, name="key_mask")
+
+
+def _is_parameter(node: fx.Node) -> bool:
+    return isinstance(node.meta.get("example_value"), torch.nn.Parameter) or node.type is torch.nn.Parameter
 
 
 def _key_mask_value(tokens: int, pad: int, device: torch.device) -> torch.Tensor:
