@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import numbers
 import operator
+from dataclasses import dataclass
 
 import torch
 import torch.fx as fx
@@ -54,11 +55,15 @@ def fuse_rmsnorm(gm: fx.GraphModule, context: RewriteContext = RewriteContext())
     return report("rmsnorm", where, skipped)
 
 
+@dataclass
 class _Chain:
     """The matched nodes, oldest first, and what the rewrite needs from them."""
 
-    def __init__(self, nodes: list[fx.Node], x: fx.Node, dim: int, eps: float, gamma: fx.Node) -> None:
-        self.nodes, self.x, self.dim, self.eps, self.gamma = nodes, x, dim, eps, gamma
+    nodes: list[fx.Node]
+    x: fx.Node
+    dim: int
+    eps: float
+    gamma: fx.Node
 
 
 def _match(normalize: fx.Node) -> _Chain:
