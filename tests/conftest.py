@@ -1,4 +1,5 @@
-"""Shared fixtures: one SPMD XLA runtime with 8 virtual CPU devices per test process, tiny models.
+"""Shared fixtures: one SPMD XLA runtime with 8 virtual CPU devices per test process, tiny models, and
+the graphs dynamo hands a backend (for the rewrite tests: each test gets a fresh copy to rewrite in place).
 
 The PJRT client reads its device count and XLA_FLAGS once, so they are set here, before anything
 imports torch_xla. Tests that need another device count run a subprocess
@@ -6,6 +7,7 @@ imports torch_xla. Tests that need another device count run a subprocess
 """
 
 import os
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -66,3 +68,99 @@ def run_script(args, num_devices, timeout=900):
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     return proc.stdout
+
+
+# --- graphs as dynamo hands them to a backend (rewrite tests) ---------------------------------------
+
+import torch  # noqa: E402  (after the XLA environment above)
+import torch.fx as fx  # noqa: E402
+
+
+
+def capture(fn, *args, **kwargs) -> list[tuple[fx.GraphModule, list]]:
+    """(GraphModule, example inputs) of every graph dynamo hands a backend for ``fn(*args, **kwargs)``."""
+    graphs = []
+
+    def record(gm, example_inputs):
+        graphs.append((gm, list(example_inputs)))
+        return gm.forward
+
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(fn, backend=record)(*args, **kwargs)
+    return graphs
+
+
+def fresh(gm: fx.GraphModule) -> fx.GraphModule:
+    """A copy of ``gm`` whose graph can be rewritten without touching ``gm`` (node meta is shared)."""
+    graph = fx.Graph()
+    graph.output(graph.graph_copy(gm.graph, {}))
+    return fx.GraphModule(gm, graph)
+
+
+def normalized_code(gm: fx.GraphModule) -> str:
+    """``gm``'s Python code for a golden: no comments, no FX's ``x = None`` frees, no placeholder
+    aliases, no trailing spaces."""
+    lines = []
+    for line in gm.code.splitlines():
+        line = re.sub(r";\s+[\w\s=]+= None\s*$", "", line.split("#")[0]).rstrip()
+        if line.strip() and not re.fullmatch(r"\s+(\w+) = L_\w+", line):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def tiny_dit(num_layers: int = 2):
+    from diffusers import WanTransformer3DModel
+
+    torch.manual_seed(0)
+    return WanTransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
+        text_dim=32, freq_dim=16, ffn_dim=96, num_layers=num_layers, rope_max_seq_len=32,
+    ).eval()
+
+
+def dit_graph(frames: int, height: int, width: int) -> tuple[fx.GraphModule, list]:
+    model = tiny_dit()
+    torch.manual_seed(1)
+    x, t, prompt = torch.randn(1, 4, frames, height, width), torch.tensor([500]), torch.randn(1, 7, 32)
+    (graph,) = capture(lambda *a: model(*a, return_dict=False), x, t, prompt)
+    return graph
+
+
+@pytest.fixture(scope="session")
+def _dit48():
+    return dit_graph(3, 8, 8)  # 3 × 4 × 4 = 48 tokens
+
+
+@pytest.fixture(scope="session")
+def _dit45():
+    return dit_graph(5, 6, 6)  # 5 × 3 × 3 = 45 tokens
+
+
+@pytest.fixture(scope="session")
+def _vae():
+    from diffusers import AutoencoderKLWan
+
+    torch.manual_seed(0)
+    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
+                           latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    torch.manual_seed(1)
+    return capture(lambda z: vae.decode(z, return_dict=False), torch.randn(1, 4, 2, 4, 4))
+
+
+@pytest.fixture
+def dit(_dit48):
+    """The tiny 2-block DiT's graph (48 tokens) and its inputs (parameters included)."""
+    return fresh(_dit48[0]), _dit48[1]
+
+
+@pytest.fixture
+def dit45(_dit45):
+    """The same DiT on a 5×6×6 latent: 45 tokens, which 2 and 4 do not divide."""
+    return fresh(_dit45[0]), _dit45[1]
+
+
+@pytest.fixture
+def vae_graphs(_vae):
+    """Every graph of a tiny ``AutoencoderKLWan.decode`` on 2 latent frames, with its inputs."""
+    return [(fresh(gm), inputs) for gm, inputs in _vae]
