@@ -86,7 +86,7 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
     if sp is not None and mesh.axis_size(sp) > 1:
         entry = _block_stack_entry(graph)
         acts.append(ActivationConstraint(entry.location, (None, sp, None), entry.out.shape, reason="SP: tokens sharded at the block-stack entry"))
-        for table in _find(graph, "rope", "reshape"):
+        for table in _rope_tables(graph):
             acts.append(ActivationConstraint(table.location, (None, sp, None, None), table.out.shape, reason="SP: rope table sharded like the tokens"))
         exit_ = _find(graph, "proj_out", "linear")[-1]
         acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="gather tokens before unpatchify"))
@@ -119,17 +119,21 @@ def _num_heads(graph: Graph) -> int:
 
 
 def _block_stack_entry(graph: Graph) -> Node:
-    """The last root-module op before block 0: the flattened (B, L, D) token tensor."""
-    first_block = next(n for n in graph if n.block == 0 and n.op != "placeholder")
-    entry = None
-    for n in graph:
-        if n is first_block:
-            break
-        if n.module == "" and n.op in ("contiguous", "transpose", "flatten") and len(n.out.shape) == 3:
-            entry = n
-    if entry is None:
-        raise PlanError("cannot find the block-stack entry (flatten/transpose of the patch embedding); is this a Wan DiT graph?")
-    return entry
+    """The (B, L, D) token tensor block 0 reads: walk back from block 0's first LayerNorm (norm1)
+    through its dtype casts until the producer lies outside the block."""
+    norm1 = next((n for n in graph if n.block == 0 and n.op == "layer_norm"), None)
+    if norm1 is None:
+        raise PlanError("cannot find the block-stack entry (no LayerNorm in block 0); is this a Wan DiT graph?")
+    x = graph[norm1.inputs[0]]
+    while x.block == 0:
+        x = graph[x.inputs[0]]
+    return x
+
+
+def _rope_tables(graph: Graph) -> list[Node]:
+    """The rope module's outputs (cos and sin tables, (1, L, 1, d)), after any padding."""
+    return [n for n in graph if n.module == "rope" and n.outputs and len(n.out.shape) == 4
+            and any(u.module != "rope" for u in graph.users(n.name))]
 
 
 def predicted_block_bill(graph: Graph, plan: Plan) -> list[Collective]:

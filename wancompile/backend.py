@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec
-from planner.plan import Plan, PlanError, load_plan, replicated_params, save_plan
+from planner.plan import Plan, PlanError, RewriteRecord, load_plan, replicated_params, save_plan
 from wancompile import runtime
 from wancompile.capture import annotate
 from wancompile.options import Options
@@ -49,8 +49,12 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
 
     mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model")))
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
-    graph = annotate(gm, model=_model_name(gm))
+    model = _model_name(gm)
+    gm, records = _rewrite(gm, mesh, opts)
+    graph = annotate(gm, model=model)
     plan = _plan_for(graph, mesh, opts)
+    if records and opts.plan is None:
+        plan = plan.with_(rewrites=records)
     plan.check(graph)
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, graph, plan)
@@ -60,6 +64,24 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
     del _RECENT[:-8]
     log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
     return _Verifying(program) if opts.verify else program
+
+
+def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
+    """Run the selected rewrites on a copy of dynamo's graph; sp_pad pads tokens to a multiple of
+    the SP degree (the first mesh axis) times the hardware's tile."""
+    if not opts.rewrites:
+        return gm, ()
+    from rewrites import RewriteContext, apply_rewrites
+
+    sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
+    tile = 32 if (opts.hardware or "").startswith(("wh-", "bh-")) else 1
+    gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
+    gm, reports = apply_rewrites(gm, opts.rewrites, RewriteContext(sp_multiple=sp * tile))
+    gm.recompile()
+    for r in reports:
+        for reason in r.skipped:
+            log.info("wan_autoshard rewrite %s skipped: %s", r.name, reason)
+    return gm, tuple(RewriteRecord(r.name, r.count, tuple(r.where)) for r in reports)
 
 
 def _start_runtime(opts: Options) -> None:

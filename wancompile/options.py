@@ -16,7 +16,7 @@ from typing import Any, Mapping, Optional, Union
 
 from planner.mesh import MeshError, MeshSpec, parse_mesh
 
-REWRITE_NAMES = ("qkv", "rmsnorm", "conv1x1", "patch_embed", "rope", "sp_pad")
+from rewrites import PASS_NAMES as REWRITE_NAMES
 ENV_PREFIX = "WANCOMPILE_"
 
 
