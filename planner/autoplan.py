@@ -35,7 +35,8 @@ KIB = 1024
 
 def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
                memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
-               values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "") -> Plan:
+               values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
+               sequence_parallel: bool = True) -> Plan:
     """Plan a captured Wan DiT graph.
 
     Args:
@@ -47,6 +48,7 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
             are shared; parameters and constraints are written for all of them by name.
         weight_copies: weight sets resident per device (2 for both A14B experts).
         values: example sizes for symbolic dims (costs need numbers; the plan keeps guards).
+        sequence_parallel: False restricts block macros to unsplit tokens (TP / replicated only).
 
     Raises:
         PlanError: no plan fits the memory budget (names the smallest budget that fits).
@@ -56,6 +58,7 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
     n_blocks = num_blocks or st.captured_blocks
     vals = dict(values or {})
     ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals)
+    ctx.sequence_parallel = sequence_parallel
     groups, edges, tables, excluded = ctx.build()
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -153,6 +156,8 @@ class _Ctx:
         ends = {}
         for m in self.st.block_macros + self.st.root_macros:
             opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile)
+            if not getattr(self, "sequence_parallel", True):
+                opts = [s for s in opts if not s.sigma]
             options = []
             for s in opts:
                 ev = self.eval_macro(m, s)
@@ -238,6 +243,9 @@ class _Ctx:
                 note = "only legal option"
             if excluded[g.name]:
                 note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
+            ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
+            note += "; options (ms per forward): " + ", ".join(
+                f"{g.options[j].name}={(g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e6:.3f}" for j in ranked)
             mem = o.param_kib * KIB / 1e9
             note += f"; {mem:.2f} GB weights/device" + (" (weights sharded for memory)" if tables[g.name][i].fsdp else "")
             where = f"blocks.*.{g.name} (x{g.count})" if g.count > 1 else g.name
@@ -365,3 +373,39 @@ def _generic(where: str) -> str:
 
 def _to_block0(name: str) -> str:
     return re.sub(r"^blocks\.\d+\.", "blocks.0.", name)
+
+
+def price_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile, *, num_blocks: Optional[int] = None,
+               weight_copies: int = 1, values: Optional[Mapping[str, int]] = None) -> Predicted:
+    """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    st = find_structure(graph)
+    n = num_blocks or st.captured_blocks
+    vals = dict(values or {})
+    mesh = plan.mesh
+    by_loc = graph.by_location()
+    forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
+    boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
+    b0 = [x for x in graph if x.block == 0 and x.op != "placeholder"]
+    pro = [graph[x] for x in st.prologue]
+    epi_in = {}
+    ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    out_lay = ev_pre.layouts[st.block_output]
+    for x in st.epilogue:
+        for i in graph[x].inputs:
+            if graph[i].block is not None and graph[i].outputs and graph[i].out.shape == graph[st.entry].out.shape:
+                epi_in[i] = out_lay
+    ev_epi = evaluate(graph, [graph[x] for x in st.epilogue], mesh, hw, boundary={**ev_pre.layouts, **boundary, **epi_in}, forced=forced, values=vals)
+    b0_names = {x.name for x in b0}
+    ctx = _Ctx.__new__(_Ctx)
+    ctx.g, ctx.mesh, ctx.vals = graph, mesh, vals
+    comm = ev_epi.comm_seconds + sum(e.seconds * (n if _generic(e.where) != e.where else 1) for e in ev_pre.events)
+    compute = ev_epi.compute_seconds
+    ev_blk = evaluate(graph, b0, mesh, hw, boundary={k: v for k, v in {**ev_pre.layouts, **boundary}.items() if k not in b0_names},
+                      forced=forced, values=vals)
+    ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
+    memory = sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0)) * weight_copies
+    memory += sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block == 0) * (n - 1) * weight_copies
+    memory += max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes) * 3
+    return Predicted(compute + comm, compute, comm, int(memory))
