@@ -69,9 +69,9 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
     except Infeasible:
         need = ctx.min_memory(groups) + fixed
         raise PlanError(
-            f"no plan fits {budget / 1e9:.2f} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
-            f" x{weight_copies} weight set(s): the smallest plan needs {need / 1e9:.2f} GB per device. Raise memory_gb to "
-            f"{math.ceil(need / 1e8) / 10:.1f}, or use a mesh of at least {ctx.min_devices(need, budget)} devices."
+            f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
+            f" x{weight_copies} weight set(s): the smallest plan needs {need / 1e9:.6g} GB per device. Raise memory_gb to at least "
+            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices."
         ) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)

@@ -60,7 +60,8 @@ class Guard:
     what: str = ""
 
     def holds(self, values: dict[str, int]) -> bool:
-        v = sympy.sympify(self.expr).subs({sympy.Symbol(k): n for k, n in values.items()})
+        e = sympy.sympify(self.expr)
+        v = e.subs({s: values[s.name] for s in e.free_symbols if s.name in values})
         if not v.is_number:
             raise ValueError(f"guard {self} needs values for {sorted(map(str, v.free_symbols))}")
         return int(v) % self.divisor == 0
@@ -175,7 +176,7 @@ def as_number(x: Dim, values: Optional[dict[str, int]] = None) -> float:
         return float(x)
     expr = sympy.sympify(x)
     if values:
-        expr = expr.subs({sympy.Symbol(k): v for k, v in values.items()})
+        expr = expr.subs({s: values[s.name] for s in expr.free_symbols if s.name in values})
     if not expr.is_number:
         raise ValueError(f"cannot cost symbolic size {x}; pass example values for {sorted(map(str, expr.free_symbols))}")
     return float(expr)

@@ -96,7 +96,11 @@ def reshape_layout(op: OpView, src: Sequence[Dim], dst: Sequence[Dim], lay: Layo
 @register_rule("view", "reshape", "flatten", "unflatten", "squeeze")
 def reshape_rule(op: OpView) -> RuleResult:
     lay = op.keep(0) or Layout.replicated(op.ndim(0))
-    req, out, guards = reshape_layout(op, op.shape(0), op.out.shape, lay)
+    try:
+        req, out, guards = reshape_layout(op, op.shape(0), op.out.shape, lay)
+    except ValueError:  # products not provably equal (symbolic dims that sympy cannot relate)
+        req, out = Layout.replicated(op.ndim(0)), Layout.replicated(len(op.out.shape))
+        return RuleResult((req,) + (None,) * (len(op.ins) - 1), (out,), note="reshape groups not provable: replicated")
     return RuleResult((req,) + (None,) * (len(op.ins) - 1), (out,), guards=tuple(guards))
 
 
