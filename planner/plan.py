@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from planner.graph import Graph, Location
 from planner.mesh import MeshError, MeshSpec, PartitionSpec, check_spec, format_spec, normalize_spec
+from planner.placements import Guard
 
 SCHEMA_VERSION = 1
 
@@ -136,6 +137,7 @@ class Plan:
     rewrites: tuple[RewriteRecord, ...] = ()
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
+    guards: tuple[Guard, ...] = ()  # divisibility the plan assumes of symbolic dims (planner.guards)
 
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
@@ -215,6 +217,7 @@ class Plan:
             "decisions": [d.to_json() for d in self.decisions],
             "rewrites": [r.to_json() for r in self.rewrites],
             "notes": list(self.notes),
+            "guards": [{"expr": g.expr, "divisor": g.divisor, "what": g.what} for g in self.guards],
         }
 
     @classmethod
@@ -243,6 +246,7 @@ class Plan:
                 decisions=tuple(Decision(**d) for d in data.get("decisions", [])),
                 rewrites=tuple(RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ()))) for r in data.get("rewrites", [])),
                 notes=tuple(data.get("notes", ())),
+                guards=tuple(Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])),
             )
         except PlanError:
             raise

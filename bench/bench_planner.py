@@ -1,0 +1,78 @@
+"""Auto plan vs the tt-xla hand plan under the same cost model, and planner speed.
+
+    PYTHONPATH=. python bench/bench_planner.py
+
+Prints markdown tables: A14B (both experts resident) at 480p and 720p on wh-loudbox 2x4, wh-galaxy
+8x4, bh-galaxy 8x4 and 1x4 (Wormhole LoudBox chips); wall time to plan full A14B; solve time vs
+number of blocks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+CASES = (("2x4", "wh-loudbox"), ("8x4", "wh-galaxy"), ("8x4", "bh-galaxy"), ("1x4", "wh-loudbox"))
+
+
+def capture(resolution: str, layers: int = 2):
+    from wancompile.capture import capture_module
+    from wancompile.models import build_transformer, transformer_inputs
+
+    m = build_transformer("wan2.2-t2v-a14b", device="meta", num_layers=layers).to(torch.bfloat16)
+    inp = transformer_inputs("wan2.2-t2v-a14b", resolution, 81, device="meta", dtype=torch.bfloat16)
+    return capture_module(m, **inp, return_dict=False, model="wan2.2-t2v-a14b")[0]
+
+
+def main() -> None:
+    from planner import plan_graph
+    from planner.autoplan import price_plan
+    from planner.hand_plans import tt_xla_plan
+    from planner.hardware import get_profile
+    from planner.mesh import parse_mesh
+    from planner.plan import PlanError
+
+    print("| res | mesh | hardware | auto ms/fwd | auto comm ms | auto GB/dev | hand ms/fwd | hand comm ms | hand GB/dev | hand fits? | roofline ms | hand/auto | auto strategies |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for res in ("480p", "720p"):
+        g = capture(res)
+        for mesh_s, hw_name in CASES:
+            mesh, hw = parse_mesh(mesh_s), get_profile(hw_name)
+            hand = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=2)
+            try:
+                auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=2)
+                ap, strat = auto.predicted, "; ".join(f"{d.node.split(' ')[0]}={d.strategy}" for d in auto.decisions[:3])
+            except PlanError as e:
+                auto, ap, strat = None, None, f"no plan fits: {str(e)[:80]}"
+            fits = hand.memory_bytes_per_device <= float(hw.dram_bytes)
+            flops = 0.0
+            if auto is not None:
+                roof = ap.compute_seconds  # roofline compute of the chosen plan (no comm)
+            else:
+                roof = hand.compute_seconds
+            if ap is None:
+                print(f"| {res} | {mesh_s} | {hw_name} | – | – | – | {hand.step_seconds*1e3:.0f} | {hand.comm_seconds*1e3:.0f} | {hand.memory_bytes_per_device/1e9:.1f} | {fits} | {roof*1e3:.0f} | – | {strat} |")
+                continue
+            print(f"| {res} | {mesh_s} | {hw_name} | {ap.step_seconds*1e3:.0f} | {ap.comm_seconds*1e3:.0f} | {ap.memory_bytes_per_device/1e9:.1f} | "
+                  f"{hand.step_seconds*1e3:.0f} | {hand.comm_seconds*1e3:.0f} | {hand.memory_bytes_per_device/1e9:.1f} | {fits} | {roof*1e3:.0f} | "
+                  f"{hand.step_seconds/ap.step_seconds:.2f} | {strat} |")
+            del flops
+
+    print("\n| step (full A14B, 720p, wh-galaxy 8x4) | seconds |\n|---|---|")
+    t0 = time.perf_counter()
+    g = capture("720p")
+    t1 = time.perf_counter()
+    plan = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_copies=2)
+    t2 = time.perf_counter()
+    print(f"| capture 2 blocks on meta (dynamo) | {t1 - t0:.2f} |\n| build tables + solve + decisions + assemble | {t2 - t1:.2f} |"
+          f"\n| of which CP-SAT main solve | {plan.solver.seconds:.3f} |\n| total | {t2 - t0:.2f} |")
+
+    print("\n| blocks | solve s | variables | constraints |\n|---|---|---|---|")
+    for n in (10, 20, 40):
+        p = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=n, weight_copies=2)
+        print(f"| {n} | {p.solver.seconds:.4f} | {p.solver.variables} | {p.solver.constraints} |")
+
+
+if __name__ == "__main__":
+    main()

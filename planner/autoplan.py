@@ -1,0 +1,411 @@
+"""`plan_graph`: captured DiT graph + mesh + hardware -> `Plan`, through the ILP.
+
+Pipeline (each step is its own module):
+
+1. `strategies.find_structure` splits the graph into prologue, one representative block (its macros
+   with their glue), epilogue; `strategies.strategies` lists each macro's legal options.
+2. Every option is priced by running the op rules over the macro's ops (`propagate.evaluate`): the
+   collectives it implies, roofline compute, parameter and activation bytes per device. Stream
+   edges between macros are priced as redistributions of the (B, L, D) tokens.
+3. `ilp.solve` picks one option per macro (blocks share variables, costs × N) under the memory
+   budget, hinted with the tt-xla style plan (head-TP on the last axis, SP on the others).
+4. The chosen plan is evaluated end to end once more: its collectives (HLO units, ``where``
+   naming the op), predicted compute/comm/memory, guards; then expanded by name to all N blocks.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from typing import Mapping, Optional
+
+from planner.cost_model import collective_seconds, to_ns
+from planner.graph import Graph
+from planner.hardware import HardwareProfile, get_profile
+from planner.ilp import Edge, Group, Infeasible, Option, solve
+from planner.mesh import MeshSpec
+from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
+from planner.plan import ActivationConstraint, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
+from planner.propagate import Evaluation, evaluate, redistribute
+from planner.strategies import Macro, Strategy, Structure, find_structure, strategies
+
+KIB = 1024
+
+
+def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
+               memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
+               values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
+               sequence_parallel: bool = True) -> Plan:
+    """Plan a captured Wan DiT graph.
+
+    Args:
+        graph: the captured graph (`wancompile.capture`); one or two blocks suffice.
+        mesh: the logical mesh (axes of size 1 are ignored).
+        hardware: a profile name (`planner.hardware.PROFILES`) or profile.
+        memory_gb: per-device budget (default: the profile's DRAM).
+        num_blocks: how many identical blocks the model has (default: as captured). Block decisions
+            are shared; parameters and constraints are written for all of them by name.
+        weight_copies: weight sets resident per device (2 for both A14B experts).
+        values: example sizes for symbolic dims (costs need numbers; the plan keeps guards).
+        sequence_parallel: False restricts block macros to unsplit tokens (TP / replicated only).
+
+    Raises:
+        PlanError: no plan fits the memory budget (names the smallest budget that fits).
+    """
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    st = find_structure(graph)
+    n_blocks = num_blocks or st.captured_blocks
+    vals = dict(values or {})
+    ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals)
+    ctx.sequence_parallel = sequence_parallel
+    groups, edges, tables, excluded = ctx.build()
+    budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
+    fixed = ctx.fixed_param_bytes()
+    memory_kib = int((budget - fixed) // KIB)
+    hint = ctx.hint(groups, tables)
+    try:
+        res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
+    except Infeasible:
+        need = ctx.min_memory(groups) + fixed
+        raise PlanError(
+            f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
+            f" x{weight_copies} weight set(s): the smallest plan needs {need / 1e9:.6g} GB per device. Raise memory_gb to at least "
+            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices."
+        ) from None
+    chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
+    decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)
+    return ctx.assemble(chosen, res, decisions, model or graph.model)
+
+
+class _Ctx:
+    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, st: Structure, n: int, copies: int, vals: dict):
+        self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
+        self.base = self._base_layouts()
+        self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
+
+    # --- pricing ------------------------------------------------------------------------------
+
+    def _base_layouts(self) -> dict:
+        ev = evaluate(self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary={}, values=self.vals)
+        return ev.layouts
+
+    def stream(self, sigma) -> Layout:
+        return Layout(((), tuple(sigma), ()))
+
+    def crossing(self, m: Macro) -> list[str]:
+        inside = set(m.nodes)
+        shape = self.g[self.st.entry].out.shape
+        out = []
+        for x in m.nodes:
+            for i in self.g[x].inputs:
+                src = self.g[i]
+                if i in inside or src.is_param or not src.outputs or src.out.shape != shape:
+                    continue
+                if (i == self.st.entry or src.block is not None) and i not in out:
+                    out.append(i)
+        return out
+
+    def eval_macro(self, m: Macro, s: Strategy) -> Evaluation:
+        boundary = {k: v for k, v in self.base.items() if k not in set(m.nodes)}
+        boundary.update({p: (lay,) for p, lay in s.params.items()})
+        if m.in_block:
+            for x in self.crossing(m):
+                boundary[x] = (self.stream(s.sigma),)
+        return evaluate(self.g, [self.g[x] for x in m.nodes], self.mesh, self.hw, boundary=boundary, forced=s.forced, values=self.vals)
+
+    def param_bytes(self, m: Macro, s: Strategy) -> float:
+        total = 0.0
+        for p in m.params:
+            meta = self.g[p].out
+            total += as_number(numel(local_shape(meta.shape, s.params.get(p), self.mesh)), self.vals) * meta.itemsize
+        return total * (self.n if m.in_block else 1) * self.copies
+
+    def fixed_param_bytes(self) -> float:
+        owned = {p for m in self.st.block_macros + self.st.root_macros for p in m.params}
+        total = 0.0
+        for node in self.g.params():
+            if node.name in owned or node.block not in (None,):
+                continue
+            total += as_number(node.out.nbytes, self.vals)
+        return total * self.copies
+
+    def ends(self, sigma) -> Evaluation:
+        """Prologue + epilogue with the block stack entered and left in layout sigma."""
+        entry = {self.st.entry: self.stream(sigma)}
+        rest = [self.g[x] for x in self.st.prologue if not any(x in r.nodes for r in self.st.root_macros)]
+        pro = evaluate(self.g, rest, self.mesh, self.hw, boundary={}, forced=entry, values=self.vals)
+        boundary = dict(self.base)
+        for x in self.st.epilogue:
+            for i in self.g[x].inputs:
+                if self.g[i].block is not None and self.g[i].outputs and self.g[i].out.shape == self.g[self.st.entry].out.shape:
+                    boundary[i] = (self.stream(sigma),)
+        exit_ = self.g[self.st.exit]
+        epi = evaluate(self.g, [self.g[x] for x in self.st.epilogue], self.mesh, self.hw, boundary=boundary,
+                       forced={exit_.name: Layout.replicated(len(exit_.out.shape))}, values=self.vals)
+        pro.events.extend(epi.events)
+        pro.compute_seconds += epi.compute_seconds
+        pro.guards.extend(epi.guards)
+        pro.warnings.extend(epi.warnings)
+        return pro
+
+    def build(self):
+        groups, tables, excluded = [], {}, {}
+        self.evals: dict[tuple[str, str], Evaluation] = {}
+        first = self.st.block_macros[0].name
+        ends = {}
+        for m in self.st.block_macros + self.st.root_macros:
+            opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile)
+            if not getattr(self, "sequence_parallel", True):
+                opts = [s for s in opts if not s.sigma]
+            options = []
+            for s in opts:
+                ev = self.eval_macro(m, s)
+                self.evals[m.name, s.name] = ev
+                once = 0
+                if m.name == first:
+                    if s.sigma not in ends:
+                        ends[s.sigma] = self.ends(s.sigma)
+                    once = to_ns(ends[s.sigma].seconds)
+                options.append(Option(s.name, s.sigma, to_ns(ev.seconds), once, int(self.param_bytes(m, s) // KIB),
+                                      int(ev.peak_bytes * 3 // KIB)))
+            groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
+            tables[m.name], excluded[m.name] = opts, why
+        self.ends_evals = ends
+        return groups, self.edges(tables), tables, excluded
+
+    def reshard_seconds(self, tensor: str, k, l) -> float:
+        if k == l:
+            return 0.0
+        meta = self.g[tensor].out
+        return sum(collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
+                   for kind, axes, shape in redistribute(meta, self.stream(k), self.stream(l), self.mesh))
+
+    def edges(self, tables) -> list[Edge]:
+        macros = self.st.block_macros
+        first, last = macros[0].name, macros[-1].name
+        crossings: dict[tuple[str, str], list[str]] = {}
+        for m in macros:
+            for x in self.crossing(m):
+                src = first if x == self.st.entry else self.macro_of.get(x, first)
+                if src != m.name:
+                    crossings.setdefault((src, m.name), []).append(x)
+        crossings.setdefault((last, first), []).append(self.st.block_output)
+        keys = {m.name: {s.sigma for s in tables[m.name]} for m in macros}
+        out = []
+        for (a, b), tensors in crossings.items():
+            cost = {(k, l): to_ns(sum(self.reshard_seconds(t, k, l) for t in tensors)) for k in keys[a] for l in keys[b]}
+            out.append(Edge(a, b, self.n, cost))
+        return out
+
+    # --- the solve's companions --------------------------------------------------------------------
+
+    def hint(self, groups, tables) -> dict[str, int]:
+        """tt-xla's shape: head-TP/Megatron on the last axis, SP on the other axes, no FSDP."""
+        axes = [a for a in self.mesh.axis_names if self.mesh.axis_size(a) > 1]
+        tp = tuple(axes[-1:])
+        sp = tuple(axes[:-1])
+        out = {}
+        for g in groups:
+            opts = tables[g.name]
+            for want in ((sp, tp), ((), tp), (sp, ()), ((), ())):
+                i = next((i for i, s in enumerate(opts) if (s.sigma if g.count > 1 else ()) == (want[0] if g.count > 1 else ())
+                          and s.tp == want[1] and not s.fsdp and not s.ulysses), None)
+                if i is not None:
+                    out[g.name] = i
+                    break
+        return out
+
+    def min_memory(self, groups) -> float:
+        return sum(min(o.param_kib for o in g.options) for g in groups) * KIB + max(min(o.act_kib for o in g.options) for g in groups) * KIB
+
+    def min_devices(self, need: float, budget: float) -> int:
+        return self.mesh.size * max(1, 2 ** math.ceil(math.log2(max(need / budget, 1.0))))
+
+    def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> list[Decision]:
+        out = []
+        for g in groups:
+            i = res.choice[g.name]
+            o = g.options[i]
+            cost = (g.count * o.cost_ns + o.once_ns) / 1e9
+            rejected, rcost = "", None
+            if len(g.options) > 1:
+                try:
+                    alt = solve(groups, edges, memory_kib=memory_kib, forbid={g.name: i}, time_limit_s=2.0)
+                    j = alt.choice[g.name]
+                    rejected = g.options[j].name
+                    rcost = (g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e9
+                    delta = (alt.objective_ns - res.objective_ns) / 1e9
+                    note = f"next best plan is {delta * 1e3:+.3f} ms per forward"
+                except Infeasible:
+                    note = "every alternative breaks the memory budget"
+            else:
+                note = "only legal option"
+            if excluded[g.name]:
+                note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
+            ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
+            note += "; options (ms per forward): " + ", ".join(
+                f"{g.options[j].name}={(g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e6:.3f}" for j in ranked)
+            mem = o.param_kib * KIB / 1e9
+            note += f"; {mem:.2f} GB weights/device" + (" (weights sharded for memory)" if tables[g.name][i].fsdp else "")
+            where = f"blocks.*.{g.name} (x{g.count})" if g.count > 1 else g.name
+            out.append(Decision(where, o.name, cost, rejected, rcost, note))
+        return out
+
+    # --- the plan ------------------------------------------------------------------------------------
+
+    def assemble(self, chosen: dict[str, Strategy], res, decisions, model: str) -> Plan:
+        first = self.st.block_macros[0]
+        sigma0 = chosen[first.name].sigma
+        ends = self.ends_evals[sigma0]
+        events: Counter = Counter()
+        compute = ends.compute_seconds
+        guards: list[Guard] = list(ends.guards)
+        warnings = list(ends.warnings)
+        for e in ends.events:
+            events[(e.kind, e.axes, e.bytes, e.where)] += 1
+        forced_block: dict[str, Layout] = {}
+        for m in self.st.block_macros + self.st.root_macros:
+            s = chosen[m.name]
+            ev = self.evals[m.name, s.name]
+            k = self.n if m.in_block else 1
+            compute += ev.compute_seconds * k
+            guards += list(ev.guards) + list(s.guards)
+            warnings += ev.warnings
+            for e in ev.events:
+                events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
+            forced_block.update(s.forced)
+        for (a, b, l_sig) in self._sigma_changes(chosen):
+            forced_block[a] = self.stream(l_sig)
+            for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
+                nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
+                events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
+        collectives = tuple(Collective(kind, axes, nbytes, count, where) for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3]))
+        comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
+        params = self._params(chosen)
+        acts = self._activations(forced_block, sigma0)
+        memory = sum(self._local_bytes(self.g[n].out, params.get(self.g[n].param)) for n in (x.name for x in self.g.params())
+                     if self.g[n].block in (None, 0)) * self.copies
+        memory += sum(self._local_bytes(self.g[n].out, params.get(self.g[n].param)) for n in (x.name for x in self.g.params())
+                      if self.g[n].block == 0) * (self.n - 1) * self.copies
+        act_peak = max(ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname)
+        memory += act_peak * 3
+        nsp = shard_count(self.mesh, sigma0)
+        if self.hw.tile > 1 and nsp > 1:
+            guards.append(Guard(str(self.st.tokens), nsp * self.hw.tile, f"{self.hw.tile}-token tiles per device; otherwise pad"))
+        notes = [f"planned from {self.st.captured_blocks} captured block(s); block decisions shared by all {self.n} blocks and expanded by name",
+                 f"predicted time = compute + comm, no overlap assumed; {self.copies} weight set(s) resident"]
+        notes += [f"warning: {w}" for w in dict.fromkeys(warnings)]
+        if any(s.fsdp for s in chosen.values()):
+            notes.append("memory forces weight sharding: " + ", ".join(f"{m} {s.name}" for m, s in chosen.items() if s.fsdp))
+        plan = Plan(model=model, mesh=self.mesh, params=params, activations=acts, hardware=self.hw.name,
+                    collectives=collectives,
+                    predicted=Predicted(compute + comm, compute, comm, int(memory)),
+                    solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
+                    decisions=tuple(decisions), notes=tuple(notes))
+        return plan.with_(guards=tuple(dict.fromkeys(guards)))
+
+    def _local_bytes(self, meta, spec) -> float:
+        lay = Layout.from_spec(spec) if spec is not None else None
+        return as_number(numel(local_shape(meta.shape, lay, self.mesh)), self.vals) * meta.itemsize
+
+    def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple]]:
+        """Stream values crossing into a macro with another sigma: (producer, from, to)."""
+        out, seen = [], set()
+        macros = self.st.block_macros
+        first = macros[0]
+        key = {m.name: chosen[m.name].sigma for m in macros}
+        if key[macros[-1].name] != key[first.name]:
+            out.append((self.st.block_output, key[macros[-1].name], key[first.name]))
+            seen.add(self.st.block_output)
+        for m in macros:
+            for x in self.crossing(m):
+                src = first.name if x == self.st.entry else self.macro_of.get(x, first.name)
+                if x not in seen and key[src] != key[m.name]:
+                    out.append((x, key[src], key[m.name]))
+                    seen.add(x)
+        return out
+
+    def _params(self, chosen) -> dict:
+        spec0: dict[str, tuple] = {}
+        for m in self.st.block_macros + self.st.root_macros:
+            for p, lay in chosen[m.name].params.items():
+                spec0[self.g[p].param] = lay.to_spec()
+        out = {}
+        for node in self.g.params():
+            name = node.param
+            generic = _to_block0(name)
+            spec = spec0.get(generic, spec0.get(name, (None,) * len(node.out.shape)))
+            out[name] = spec
+        for name in list(out):
+            if name.startswith("blocks.0."):
+                for k in range(self.n):
+                    out.setdefault(f"blocks.{k}." + name[len("blocks.0."):], out[name])
+        return out
+
+    def _activations(self, forced: dict[str, Layout], sigma0) -> tuple[ActivationConstraint, ...]:
+        acts = [ActivationConstraint(self.g[self.st.entry].location, self.stream(sigma0).to_spec(), self.g[self.st.entry].out.shape,
+                                     reason="block-stack entry: tokens split over the SP axes (a transpose copy, not a reshape)")]
+        for name, lay in forced.items():
+            node = self.g[name]
+            if node.block is None:
+                acts.append(ActivationConstraint(node.location, lay.to_spec(), node.out.shape, reason=_reason(node)))
+                continue
+            for k in range(self.n):
+                loc = type(node.location)(re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module), node.location.op, node.location.occurrence)
+                acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node)))
+        exit_ = self.g[self.st.exit]
+        acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="exit: tokens gathered before unpatchify"))
+        return tuple(acts)
+
+
+def _reason(node) -> str:
+    if node.op == "linear":
+        return "keep the K/V projection token-local (gather after, on the narrower TP shard)"
+    if node.op == "permute":
+        return "SDPA operand layout (K/V gathered on tokens, or Ulysses heads)"
+    return "stream layout change between macros"
+
+
+def _generic(where: str) -> str:
+    return re.sub(r"^blocks\.\d+", "blocks.*", where)
+
+
+def _to_block0(name: str) -> str:
+    return re.sub(r"^blocks\.\d+\.", "blocks.0.", name)
+
+
+def price_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile, *, num_blocks: Optional[int] = None,
+               weight_copies: int = 1, values: Optional[Mapping[str, int]] = None) -> Predicted:
+    """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    st = find_structure(graph)
+    n = num_blocks or st.captured_blocks
+    vals = dict(values or {})
+    mesh = plan.mesh
+    by_loc = graph.by_location()
+    forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
+    boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
+    b0 = [x for x in graph if x.block == 0 and x.op != "placeholder"]
+    pro = [graph[x] for x in st.prologue]
+    epi_in = {}
+    ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    out_lay = ev_pre.layouts[st.block_output]
+    for x in st.epilogue:
+        for i in graph[x].inputs:
+            if graph[i].block is not None and graph[i].outputs and graph[i].out.shape == graph[st.entry].out.shape:
+                epi_in[i] = out_lay
+    ev_epi = evaluate(graph, [graph[x] for x in st.epilogue], mesh, hw, boundary={**ev_pre.layouts, **boundary, **epi_in}, forced=forced, values=vals)
+    b0_names = {x.name for x in b0}
+    ctx = _Ctx.__new__(_Ctx)
+    ctx.g, ctx.mesh, ctx.vals = graph, mesh, vals
+    comm = ev_epi.comm_seconds + sum(e.seconds * (n if _generic(e.where) != e.where else 1) for e in ev_pre.events)
+    compute = ev_epi.compute_seconds
+    ev_blk = evaluate(graph, b0, mesh, hw, boundary={k: v for k, v in {**ev_pre.layouts, **boundary}.items() if k not in b0_names},
+                      forced=forced, values=vals)
+    ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
+    memory = sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0)) * weight_copies
+    memory += sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block == 0) * (n - 1) * weight_copies
+    memory += max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes) * 3
+    return Predicted(compute + comm, compute, comm, int(memory))

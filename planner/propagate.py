@@ -1,0 +1,176 @@
+"""Sharding propagation: run the op rules over (part of) a graph and price what happens.
+
+`evaluate` walks nodes in order with the layouts of their inputs; each op's rule (`planner.rules`)
+says which input layouts it needs and what it produces. Where an actual layout differs from the
+required one the engine inserts a redistribution and prices it with the cost model:
+
+- an axis dropped from a dim: all-gather (result bytes), grouped per dim;
+- an axis moved from one dim to another: all-to-all (operand bytes);
+- an axis added: a local slice, free;
+- partial sums dropped: all-reduce (operand bytes);
+- the same axes in another order on a dim: collective-permute.
+
+Forced layouts (the plan's activation constraints, the strategies' choices) are applied after the
+op that produces them, exactly as the lowering inserts ``mark_sharding`` after that op. The result
+lists every collective with the node it belongs to (the plan's predicted collectives), per-device
+compute seconds, peak per-device tensor bytes, guards, and warnings for ops without a rule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping, Optional
+
+from planner.cost_model import collective_seconds, op_seconds
+from planner.graph import Graph, Node, TensorMeta
+from planner.hardware import HardwareProfile
+from planner.mesh import MeshSpec
+from planner.placements import Guard, Layout, as_number, local_shape, numel
+from planner.rules import OpView, rule_for
+
+Layouts = tuple[Layout, ...]
+
+
+@dataclass(frozen=True)
+class CommEvent:
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    where: str
+    reason: str
+    seconds: float
+
+
+@dataclass
+class Evaluation:
+    layouts: dict[str, Layouts] = field(default_factory=dict)
+    events: list[CommEvent] = field(default_factory=list)
+    compute_seconds: float = 0.0
+    flops: float = 0.0
+    peak_bytes: float = 0.0
+    warnings: list[str] = field(default_factory=list)
+    guards: list[Guard] = field(default_factory=list)
+
+    @property
+    def comm_seconds(self) -> float:
+        return sum(e.seconds for e in self.events)
+
+    @property
+    def seconds(self) -> float:
+        return self.compute_seconds + self.comm_seconds
+
+
+def redistribute(meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec) -> list[tuple[str, tuple[str, ...], tuple]]:
+    """Collectives (kind, axes, per-device shape in HLO convention) turning `actual` into `required`."""
+    out: list[tuple[str, tuple[str, ...], tuple]] = []
+    cur = actual
+    if actual.partial and set(actual.partial) - set(required.partial):
+        axes = tuple(a for a in actual.partial if a not in required.partial)
+        out.append(("all-reduce", axes, local_shape(meta.shape, cur, mesh)))
+        cur = Layout(cur.dims, tuple(a for a in cur.partial if a in required.partial))
+    src = {a: d for d, axes in enumerate(cur.dims) for a in axes}
+    dst = {a: d for d, axes in enumerate(required.dims) for a in axes}
+    moved = tuple(a for a in mesh.axis_names if a in src and a in dst and src[a] != dst[a])
+    if moved:
+        out.append(("all-to-all", moved, local_shape(meta.shape, cur, mesh)))
+        dims = [tuple(a for a in axes if a not in moved) for axes in cur.dims]
+        for a in moved:
+            dims[dst[a]] = dims[dst[a]] + (a,)
+        cur = Layout(tuple(dims), cur.partial)
+    for d, axes in enumerate(cur.dims):
+        gone = tuple(a for a in axes if a not in dst)
+        if gone:
+            cur = cur.with_dim(d, tuple(a for a in axes if a in dst))
+            out.append(("all-gather", gone, local_shape(meta.shape, cur, mesh)))
+    for d, axes in enumerate(cur.dims):
+        want = tuple(a for a in required.dims[d] if a in axes)
+        if axes and set(axes) == set(want) and axes != want:
+            out.append(("collective-permute", tuple(axes), local_shape(meta.shape, cur, mesh)))
+    return out
+
+
+def _bytes(shape: tuple, itemsize: int, values: Optional[Mapping[str, int]]) -> int:
+    return int(as_number(numel(shape), dict(values or {})) * itemsize)
+
+
+def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwareProfile, *,
+             boundary: Mapping[str, Layouts], forced: Mapping[str, Layout] = {},
+             values: Optional[Mapping[str, int]] = None) -> Evaluation:
+    """Propagate layouts through `nodes` (in graph order).
+
+    Args:
+        boundary: layouts of values produced outside `nodes` (parameters, segment inputs); any
+            other outside value is taken as replicated.
+        forced: node name -> layout its (first) output is constrained to after the op.
+        values: example sizes for symbolic dims (costs need numbers; guards keep the symbols).
+    """
+    ev = Evaluation()
+    ev.layouts.update(boundary)
+    for node in nodes:
+        if node.op in ("placeholder", "output") or node.name in boundary:
+            if node.op == "placeholder" and node.name not in ev.layouts:
+                ev.layouts[node.name] = tuple(Layout.replicated(len(m.shape)) for m in node.outputs)
+            continue
+        ins, metas = _inputs(graph, node, ev)
+        if node.op == "getitem" and ins and metas and _selects_output(graph, node):
+            src = graph[node.inputs[0]]
+            idx = int(node.attrs["args"][1])
+            ev.layouts[node.name] = (ev.layouts.get(src.name, ())[idx] if src.name in ev.layouts else Layout.replicated(len(node.out.shape)),)
+            continue
+        fn, known = rule_for(node.op)
+        if not known:
+            ev.warnings.append(f"{node.location}: no sharding rule for op {node.op!r}; planned replicated (all inputs gathered)")
+        view = OpView(node, ins, metas, mesh)
+        res = fn(view)
+        ev.guards.extend(res.guards)
+        for i, (have, want) in enumerate(zip(ins, res.required)):
+            if have is None or want is None or have == want:
+                continue
+            for kind, axes, shape in redistribute(metas[i], have, want, mesh):
+                nbytes = _bytes(shape, metas[i].itemsize, values)
+                ev.events.append(CommEvent(kind, axes, nbytes, str(node.location), f"{node.inputs[i]} for {node.op}",
+                                           collective_seconds(kind, nbytes, axes, mesh, hw)))
+        for c in res.comm:
+            nbytes = _bytes(c.shape, c.itemsize, values)
+            ev.events.append(CommEvent(c.kind, c.axes, nbytes, str(node.location), c.reason, collective_seconds(c.kind, nbytes, c.axes, mesh, hw)))
+        outs = res.outputs
+        if node.name in forced and outs:
+            want = forced[node.name]
+            for kind, axes, shape in redistribute(node.out, outs[0], want, mesh):
+                nbytes = _bytes(shape, node.out.itemsize, values)
+                ev.events.append(CommEvent(kind, axes, nbytes, str(node.location), "activation constraint",
+                                           collective_seconds(kind, nbytes, axes, mesh, hw)))
+            outs = (want,) + tuple(outs[1:])
+        ev.layouts[node.name] = outs
+        flops = as_number(res.flops, dict(values or {}))
+        nbytes = as_number(res.bytes, dict(values or {}))
+        ev.flops += flops
+        ev.compute_seconds += op_seconds(flops, nbytes, res.kernel, hw)
+        live = sum(as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
+                   for m, lay in zip(node.outputs, outs))
+        ev.peak_bytes = max(ev.peak_bytes, live + sum(
+            as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
+            for m, lay in zip(metas, res.required) if m is not None and lay is not None))
+    return ev
+
+
+def _selects_output(graph: Graph, node: Node) -> bool:
+    src = graph[node.inputs[0]]
+    return len(src.outputs) > 1 or src.op in ("chunk", "split", "unbind", "tensor_split")
+
+
+def _inputs(graph: Graph, node: Node, ev: Evaluation) -> tuple[list[Optional[Layout]], list[Optional[TensorMeta]]]:
+    ins: list[Optional[Layout]] = []
+    metas: list[Optional[TensorMeta]] = []
+    for name in node.inputs:
+        src = graph[name]
+        lays = ev.layouts.get(name)
+        if not src.outputs:
+            ins.append(None)
+            metas.append(None)
+            continue
+        if lays is None:
+            lays = tuple(Layout.replicated(len(m.shape)) for m in src.outputs)
+        ins.append(lays[0] if lays else None)
+        metas.append(src.outputs[0])
+    return ins, metas

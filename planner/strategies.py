@@ -1,0 +1,269 @@
+"""Macro-strategies: the choices the ILP makes, one per Megatron pair or attention.
+
+A DiT block is found by structure, not by name lists: inside the repeated block, a child module that
+runs ``scaled_dot_product_attention`` is an **attention** macro (its to_q/k/v, norm_q/k, RoPE, SDPA and
+to_out all switch together); a child with two linears and no attention is an **MLP** macro (a
+col -> row Megatron pair); root modules with exactly two linears (the time/text embedders) are MLP
+macros too. Everything else in the block (norms, adaLN modulation, residual adds) is glue that follows
+the stream layout of the next macro — Alpa's follower merging, by construction.
+
+A `Strategy` of a macro is a sequence-parallel axis set σ (the token dim of the stream is split over
+σ), a tensor-parallel axis set t (heads / FFN columns split over t, disjoint from σ), and flags:
+
+=====================  ========================================================================
+strategy               collectives it implies (found by the op rules, not written here)
+=====================  ========================================================================
+head-TP(t) [+SP(σ)]    all-reduce of to_out on t; norm_q/k statistics all-reduces on t;
+                       self-attention with σ: K and V all-gathered on σ (constraints pin where)
+SP(σ)                  self-attention: K and V (full width) all-gathered on σ; no TP collective
+Ulysses(t×σ)           all-to-all on σ around SDPA (heads split over (t, σ), TP major); to_out
+                       all-reduce on t; needs heads % (|t|·|σ|) == 0
+replicated             nothing inside; the stream edge gathers tokens in (and slices out)
+Megatron(t) [+SP(σ)]   one all-reduce on t after the row-parallel linear
++FSDP                  weights also split over σ, all-gathered per use (memory for time)
+=====================  ========================================================================
+
+`forced` holds the activation constraints a strategy places (node name -> layout) at points the
+partitioner handles cleanly: linear outputs and the permutes feeding SDPA — never a reshape whose
+merged or split dim the constraint would shard (see docs/planner.md).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+from dataclasses import dataclass, field
+from typing import Optional
+
+from planner.graph import Graph, Node
+from planner.mesh import MeshSpec
+from planner.placements import Guard, Layout, divides, shard_count
+
+
+@dataclass(frozen=True)
+class Macro:
+    name: str  # "attn1" for block macros (relative to the block), module path for root ones
+    kind: str  # attention | mlp
+    module: str  # module path in the captured graph
+    in_block: bool
+    nodes: tuple[str, ...]  # ops of the macro plus the glue assigned to it, graph order
+    params: tuple[str, ...]  # placeholder node names it reads
+    linears: tuple[str, ...]  # linear node names, graph order
+    width: int  # heads (attention) or hidden features (mlp)
+    self_attention: bool = False
+    sdpa: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Strategy:
+    name: str
+    sigma: tuple[str, ...]
+    tp: tuple[str, ...]
+    ulysses: bool = False
+    fsdp: bool = False
+    params: dict[str, Layout] = field(default_factory=dict, hash=False, compare=False)
+    forced: dict[str, Layout] = field(default_factory=dict, hash=False, compare=False)
+    guards: tuple[Guard, ...] = ()
+
+
+@dataclass(frozen=True)
+class Structure:
+    """The DiT as the planner sees it: prologue, one representative block, epilogue."""
+
+    prologue: tuple[str, ...]
+    epilogue: tuple[str, ...]
+    block_macros: tuple[Macro, ...]
+    root_macros: tuple[Macro, ...]
+    entry: str  # the flattened (B, L, D) tokens entering the block stack
+    block_output: str  # the block's last stream value (block 0)
+    exit: str  # proj_out's linear: gathered to replicated before unpatchify
+    tokens: object  # L (int or sympy expression)
+    captured_blocks: int
+
+
+class StructureError(ValueError):
+    pass
+
+
+def _child(module: str, root: str) -> Optional[str]:
+    if not module.startswith(root + "."):
+        return None
+    return module[len(root) + 1:].split(".")[0]
+
+
+def find_structure(graph: Graph) -> Structure:
+    nodes = [n for n in graph if n.op not in ("placeholder", "output")]
+    blocks = graph.blocks()
+    if not blocks:
+        raise StructureError("no repeated blocks in the graph (is this a Wan DiT?)")
+    b0 = [n for n in nodes if n.block == blocks[0]]
+    root0 = min((n.module for n in b0), key=len)  # the block module itself (its glue ops live there)
+    first = nodes.index(b0[0])
+    last_block = max(i for i, n in enumerate(nodes) if n.block is not None)
+    prologue = [n for n in nodes[:first] if n.block is None]
+    epilogue = [n for n in nodes[last_block + 1:] if n.block is None]
+
+    # block macros: children of the block root with attention or two linears
+    by_child: dict[str, list[Node]] = {}
+    for n in b0:
+        c = _child(n.module, root0)
+        if c is not None:
+            by_child.setdefault(c, []).append(n)
+    macro_children = [c for c, ns in by_child.items()
+                      if any(n.op == "scaled_dot_product_attention" for n in ns) or sum(n.op == "linear" for n in ns) >= 2]
+    assign: dict[str, str] = {}
+    pending: list[Node] = []
+    order: list[str] = []
+    for n in b0:
+        c = _child(n.module, root0)
+        if c in macro_children:
+            if c not in order:
+                order.append(c)
+            for p in pending:
+                assign[p.name] = c
+            pending = []
+            assign[n.name] = c
+        else:
+            pending.append(n)
+    for p in pending:
+        assign[p.name] = order[-1]
+    block_macros = tuple(_macro(graph, c, f"{root0}.{c}", True, [n for n in b0 if assign.get(n.name) == c]) for c in order)
+
+    # root MLP pairs (embedders)
+    parents: dict[str, list[Node]] = {}
+    for n in prologue:
+        if n.op == "linear":
+            parents.setdefault(n.module.rsplit(".", 1)[0] if "." in n.module else "", []).append(n)
+    root_macros = tuple(_macro(graph, p, p, False, [n for n in prologue if n.module.startswith(p + ".")])
+                        for p, lin in parents.items() if len(lin) == 2 and p)
+
+    entry = _entry(prologue)
+    exit_ = next((n for n in reversed(epilogue) if n.op == "linear"), None)
+    if exit_ is None:
+        raise StructureError("no output projection after the block stack")
+    stream_shape = entry.out.shape
+    block_output = next(n for n in reversed(b0) if n.outputs and n.out.shape == stream_shape)
+    return Structure(tuple(n.name for n in prologue), tuple(n.name for n in epilogue), block_macros, root_macros,
+                     entry.name, block_output.name, exit_.name, stream_shape[1], len(blocks))
+
+
+def _entry(prologue: list[Node]) -> Node:
+    for n in reversed(prologue):
+        if n.op in ("contiguous", "transpose", "flatten") and len(n.out.shape) == 3 and n.module == "":
+            return n
+    raise StructureError("cannot find the block-stack entry (flatten/transpose of the patch embedding)")
+
+
+def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node]) -> Macro:
+    names = {n.name for n in ns}
+    params = tuple(dict.fromkeys(i for n in ns for i in n.inputs if graph[i].is_param))
+    linears = tuple(n.name for n in ns if n.op == "linear")
+    sdpa = next((n for n in ns if n.op == "scaled_dot_product_attention"), None)
+    if sdpa is not None:
+        heads = int(sdpa.out.shape[1])
+        q = graph[linears[0]]
+        k = next(graph[x] for x in linears[1:] if graph[x].module.endswith("to_k") or graph[x].module.endswith("add_k_proj"))
+        self_attn = q.inputs[0] == k.inputs[0]
+        return Macro(name, "attention", module, in_block, tuple(n.name for n in ns), params, linears, heads, self_attn, sdpa.name)
+    width = int(graph[linears[0]].out.shape[-1])
+    del names
+    return Macro(name, "mlp", module, in_block, tuple(n.name for n in ns), params, linears, width)
+
+
+# --- enumeration --------------------------------------------------------------------------------------
+
+
+def axis_sets(axes: tuple[str, ...]) -> list[tuple[str, ...]]:
+    """Every subset of the mesh axes (size > 1), in mesh order."""
+    return [tuple(c) for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
+
+
+def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int = 1) -> tuple[list[Strategy], list[str]]:
+    """Legal strategies of a macro, and the reasons the excluded ones were excluded."""
+    axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1)
+    out: list[Strategy] = []
+    why: list[str] = []
+    sigmas = axis_sets(axes) if macro.in_block else [()]
+    for sigma in sigmas:
+        nsp = shard_count(mesh, sigma)
+        fit = divides(nsp, tokens)
+        guards: tuple[Guard, ...] = ()
+        if fit is False:
+            why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide")
+            continue
+        if isinstance(fit, Guard):
+            guards = (Guard(fit.expr, fit.divisor, f"tokens split over {'+'.join(sigma)}"),)
+        rest = tuple(a for a in axes if a not in sigma)
+        for tp in axis_sets(rest):
+            ntp = shard_count(mesh, tp)
+            if macro.width % ntp:
+                unit = "heads" if macro.kind == "attention" else "features"
+                why.append(f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
+                           f"{macro.width} {unit} do not divide into {ntp}")
+                continue
+            for fsdp in ((False, True) if sigma else (False,)):
+                out.append(_make(graph, macro, mesh, sigma, tp, False, fsdp, guards))
+            if macro.kind == "attention" and macro.self_attention and sigma:
+                if macro.width % (ntp * nsp):
+                    why.append(f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp}): {macro.width} heads do not divide")
+                else:
+                    out.append(_make(graph, macro, mesh, sigma, tp, True, False, guards))
+    return out, why
+
+
+def _role(node: Node) -> str:
+    return node.module.rsplit(".", 1)[-1] if not node.module.endswith(".0") else node.module.rsplit(".", 2)[-2]
+
+
+def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, fsdp: bool, guards) -> Strategy:
+    params: dict[str, Layout] = {}
+    fs = sigma if fsdp else ()
+    first, last = macro.linears[0], macro.linears[-1]
+    col = macro.linears[:-1] if macro.kind == "attention" else (first,)
+    for lin_name in macro.linears:
+        lin = graph[lin_name]
+        w, b = lin.inputs[1], (lin.inputs[2] if len(lin.inputs) > 2 else None)
+        if lin_name in col:
+            params[w] = Layout((tp + fs, ()))
+            if b:
+                params[b] = Layout((tp,))
+        else:
+            params[w] = Layout((fs, tp))
+            if b:
+                params[b] = Layout(((),))
+    for p in macro.params:
+        if p not in params:
+            node = graph[p]
+            module = node.module
+            if macro.kind == "attention" and re.search(r"norm_(q|k|added_k)$", module):
+                params[p] = Layout((tp,))  # gamma split like the TP-split activation it scales
+            else:
+                params[p] = Layout.replicated(len(node.out.shape))
+    forced: dict[str, Layout] = {}
+    if macro.kind == "attention" and macro.self_attention and sigma:
+        sdpa = graph[macro.sdpa]
+        q, k, v = sdpa.inputs[:3]
+        if ulysses:
+            heads = tp + sigma  # TP split major (DESIGN.md §4: else GSPMD emits collective-permutes)
+            for x in (q, k, v):
+                forced[x] = Layout(((), heads, (), ()))
+            back = next(u for u in graph.users(sdpa.name) if u.op == "permute")
+            forced[back.name] = Layout(((), sigma, tp, ()))
+        else:
+            for lin_name in macro.linears[1:3]:  # to_k, to_v: keep the projection token-local
+                forced[lin_name] = Layout(((), sigma, tp))
+            for x in (k, v):
+                forced[x] = Layout(((), tp, (), ()))
+    name = _name(macro, sigma, tp, ulysses, fsdp)
+    return Strategy(name, sigma, tp, ulysses, fsdp, params, forced, guards)
+
+
+def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool) -> str:
+    s, t = "x".join(sigma), "x".join(tp)
+    if ulysses:
+        base = f"Ulysses({'+'.join(tp + sigma)})"
+    elif macro.kind == "attention":
+        base = f"head-TP({t})" + (f"+SP({s})" if sigma else "") if tp else (f"SP({s})+KV-gather" if sigma and macro.self_attention else f"SP({s})" if sigma else "replicated")
+    else:
+        base = f"Megatron({t})" + (f"+SP({s})" if sigma else "") if tp else (f"SP({s})" if sigma else "replicated")
+    return base + ("+FSDP" if fsdp else "")
