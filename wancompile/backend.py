@@ -111,13 +111,23 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
     return solve(graph, mesh, opts)
 
 
+# Cost-model profile when the `hardware` option is unset: the Tenstorrent system with that mesh shape.
+DEFAULT_HARDWARE = {(1, 2): "wh-n300", (2, 2): "bh-quietbox", (2, 4): "wh-loudbox", (8, 4): "wh-galaxy", (4, 8): "wh-galaxy"}
+FALLBACK_HARDWARE = "wh-loudbox"
+
+
+def default_hardware(mesh: MeshSpec) -> str:
+    return DEFAULT_HARDWARE.get(tuple(mesh.shape), FALLBACK_HARDWARE)
+
+
 def solve(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
-    """A plan for `graph` on `mesh` without a saved plan: the tt-xla hand plan for a Wan DiT
-    graph, else replicated (logged)."""
-    from planner.hand_plans import tt_xla_plan
+    """A plan for `graph` on `mesh` without a saved plan: the planner's for a Wan DiT graph, else
+    replicated (logged)."""
+    from planner import plan_graph
 
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
-        return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or "")
+        hardware = opts.hardware or default_hardware(mesh)
+        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model)
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
 

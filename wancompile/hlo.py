@@ -107,6 +107,21 @@ def dumped_modules(dump_dir: str | Path) -> list[Path]:
     return sorted(Path(dump_dir).glob("*after_optimizations.txt"), key=lambda p: p.name)
 
 
+def dump_state(dump_dir: str | Path) -> dict[Path, tuple[int, int]]:
+    """(mtime, size) of every partitioned-HLO file: XLA restarts its module numbering in each
+    process, so a file name alone does not say whether this process wrote it."""
+    out = {}
+    for p in dumped_modules(dump_dir):
+        st = p.stat()
+        out[p] = (st.st_mtime_ns, st.st_size)
+    return out
+
+
+def new_modules(dump_dir: str | Path, before: dict[Path, tuple[int, int]]) -> list[Path]:
+    """Files written (or rewritten) since `before` was taken."""
+    return [p for p, sig in dump_state(dump_dir).items() if before.get(p) != sig]
+
+
 def main_module(paths: Iterable[Path]) -> Path:
     """The largest module among `paths`: the model's program, not a transfer or a small helper."""
     paths = list(paths)

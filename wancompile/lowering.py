@@ -174,12 +174,12 @@ class ShardedProgram:
         host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
         xla_args = self.to_device(args)
         dump = runtime.current_dump_dir() if self.hlo_path is None else None
-        before = set(hlo.dumped_modules(dump)) if dump else set()
+        before = hlo.dump_state(dump) if dump else {}
         out = self.lowered(*xla_args)
         torch_xla.sync()
         if dump:
             key = self._program_key(xla_args)
-            new = [p for p in hlo.dumped_modules(dump) if p not in before]
+            new = hlo.new_modules(dump, before)
             if new:
                 _HLO_BY_PROGRAM[key] = hlo.main_module(new)
             # No new dump: XLA reused an identical compiled program (same code, plan and shapes).
