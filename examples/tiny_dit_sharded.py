@@ -1,6 +1,6 @@
 """Compile a tiny random-weight Wan DiT with backend="wan_autoshard" on virtual CPU devices.
 
-    python examples/tiny_dit_sharded.py --mesh 2x4 [--plan FILE] [--json] [--dump-dir DIR]
+    python examples/tiny_dit_sharded.py --mesh 2x4 [--plan FILE|tt-xla] [--hardware NAME] [--memory-gb GB] [--json]
 
 Arranges as many virtual XLA CPU devices as the mesh has, compiles the unmodified diffusers
 `WanTransformer3DModel` with `torch.compile(..., backend="wan_autoshard")`, runs it, and reports how
@@ -20,7 +20,9 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mesh", default="2x4", help="device mesh, e.g. 2x4, 1x4, 8x4")
-    p.add_argument("--plan", default=None, help="a saved plan.json to run instead of planning")
+    p.add_argument("--plan", default=None, help="a saved plan.json to run instead of planning, or 'tt-xla' (the seed's hand plan)")
+    p.add_argument("--hardware", default=None, help="cost-model profile (default: by mesh shape, e.g. wh-loudbox for 2x4)")
+    p.add_argument("--memory-gb", type=float, default=None, help="per-device memory budget for the planner")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--dump-dir", default=None, help="where plan.json and the HLO dumps go (default: a temp dir)")
     p.add_argument("--frames", type=int, default=9, help="video frames (4k+1); 9 -> 3 latent frames, 48 tokens")
@@ -48,8 +50,9 @@ def main(argv=None) -> int:
     model = build_transformer("tiny")
     inputs = transformer_inputs("tiny", "tiny", args.frames)
     options = {"mesh": args.mesh, "dump_dir": str(dump_dir)}
-    if args.plan:
-        options["plan"] = args.plan
+    for key in ("plan", "hardware", "memory_gb"):
+        if getattr(args, key) is not None:
+            options[key] = getattr(args, key)
     compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
     with torch.no_grad():
         out = compiled(**inputs, return_dict=False)[0]
@@ -66,7 +69,8 @@ def main(argv=None) -> int:
         "mesh": list(mesh.shape),
         "axis_names": list(mesh.axis_names),
         "devices": mesh.size,
-        "plan": str(args.plan or dump_dir / "plan.json"),
+        "plan": str(dump_dir / "plan.json"),
+        "solver": program.plan.solver.status,
         "pcc": result.pcc,
         "max_abs": result.max_abs,
         "eager_pcc": vs_eager.pcc,

@@ -35,7 +35,7 @@ def compile_tiny(model, inputs, **options):
 
 @pytest.fixture(scope="module")
 def hand_2x4(tiny_model, tiny_inputs):
-    out, program = compile_tiny(tiny_model, tiny_inputs, mesh="2x4")
+    out, program = compile_tiny(tiny_model, tiny_inputs, mesh="2x4", plan="tt-xla")
     with torch.no_grad():
         ref = program.replicated()(*placeholder_args(program.graph, tiny_model, tiny_inputs))[0]
     return out, ref, program
@@ -92,7 +92,7 @@ def test_saved_plan_runs_without_solving_and_compiles_the_same(tmp_path, tiny_mo
 
 
 def test_verify_option_compares_with_the_unsharded_graph(tiny_model, tiny_inputs):
-    _, program = compile_tiny(tiny_model, tiny_inputs, mesh="2x4", verify=True)
+    _, program = compile_tiny(tiny_model, tiny_inputs, mesh="2x4", plan="tt-xla", verify=True)
     assert program.verification is not None and program.verification.pcc >= 0.99999
 
 
@@ -112,6 +112,12 @@ def test_verify_raises_when_the_sharded_program_disagrees():
 
     with pytest.raises(VerificationError, match=r"disagrees with the unsharded one \(PCC -1\.0+"):
         _Verifying(Wrong())(torch.arange(4.0))
+
+
+def test_without_a_plan_option_the_planner_plans(tiny_model, tiny_inputs):
+    out, program = compile_tiny(tiny_model, tiny_inputs, mesh="2x4")
+    assert program.plan.solver.status in ("OPTIMAL", "FEASIBLE") and program.plan.hardware == "wh-loudbox"
+    assert program.plan.decisions
 
 
 def test_mesh_size_must_match_the_device_count(tiny_model, tiny_inputs):

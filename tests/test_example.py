@@ -15,7 +15,7 @@ def run_example(*args, devices):
 
 
 def test_hand_plan_on_1x4_matches_one_device():
-    report = run_example("--mesh", "1x4", devices=4)
+    report = run_example("--mesh", "1x4", "--plan", "tt-xla", devices=4)
     assert report["devices"] == 4 and report["mesh"] == [1, 4]
     assert report["pcc"] >= 0.99999 and report["max_abs"] <= 1e-4
     assert report["eager_max_abs"] <= 5e-6
@@ -27,7 +27,7 @@ def test_hand_plan_on_1x4_matches_one_device():
 
 
 def test_saved_plan_file_runs_through_the_example(tmp_path):
-    first = run_example("--mesh", "2x4", "--dump-dir", str(tmp_path / "a"), devices=8)
+    first = run_example("--mesh", "2x4", "--plan", "tt-xla", "--dump-dir", str(tmp_path / "a"), devices=8)
     again = run_example("--mesh", "2x4", "--plan", first["plan"], "--dump-dir", str(tmp_path / "b"), devices=8)
     assert again["pcc"] >= 0.99999 and again["max_abs"] <= 1e-4
     assert sorted(map(json.dumps, again["collectives"])) == sorted(map(json.dumps, first["collectives"]))

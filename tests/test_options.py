@@ -33,6 +33,10 @@ def test_environment_variables_are_read_and_the_dict_wins():
     assert opts.rewrites == ("qkv", "rope")
 
 
+def test_plan_may_name_the_builtin_hand_plan():
+    assert Options.from_user({"plan": "tt-xla"}, env={}).plan == "tt-xla"
+
+
 def test_rewrites_all_and_none():
     assert Options.from_user({"rewrites": "all"}, env={}).rewrites == REWRITE_NAMES
     assert Options.from_user({"rewrites": "none"}, env={}).rewrites == ()

@@ -23,8 +23,8 @@ def compile_and_check(model, inputs, **options):
 
 
 def test_qkv_fusion_under_tp_adds_no_collective(tiny_model, tiny_inputs):
-    unfused, plain = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", rewrites="none")
-    fused, program = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", rewrites=["qkv"])
+    unfused, plain = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan="tt-xla", rewrites="none")
+    fused, program = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan="tt-xla", rewrites=["qkv"])
     assert fused.pcc >= 0.99999 and fused.max_abs <= 1e-4, fused
     assert {r.name: r.count for r in program.plan.rewrites} == {"qkv": 4}
     signature = lambda p: Counter((c.kind, c.axes, c.shape.split("{")[0]) for c in p.collectives())  # noqa: E731
@@ -37,7 +37,7 @@ def test_sp_padding_runs_45_tokens_on_sp2_without_per_block_kv_slices():
 
     model = build_transformer("tiny", out_channels=2)  # proj_out emits 8 features, unlike K/V's 16 per head
     inputs = dict(transformer_inputs("tiny", "tiny", 9), hidden_states=torch.randn(1, 4, 5, 6, 6))  # 5x3x3 = 45
-    result, program = compile_and_check(model, inputs, mesh="2x4", rewrites=["sp_pad"])
+    result, program = compile_and_check(model, inputs, mesh="2x4", plan="tt-xla", rewrites=["sp_pad"])
     assert result.pcc >= 0.99999 and result.max_abs <= 1e-4, result
     with torch.no_grad():
         assert numerics(program(*placeholder_args(program.graph, model, inputs))[0],
@@ -47,3 +47,14 @@ def test_sp_padding_runs_45_tokens_on_sp2_without_per_block_kv_slices():
     to_45 = [line for line in hlo.splitlines() if " slice(" in line and ",45," in line.split("slice(")[0]]
     assert to_45 and all("f32[1,45,8]" in line for line in to_45), to_45  # only the exit drops the padding
     assert {c.shape.split("{")[0] for c in program.collectives() if c.kind == "all-gather"} >= {"f32[1,46,16]"}
+
+
+def test_saved_plan_remembers_its_rewrites(tmp_path, tiny_model, tiny_inputs):
+    from planner.plan import save_plan
+
+    _, program = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan="tt-xla", rewrites=["qkv", "rope"])
+    path = save_plan(program.plan, tmp_path / "plan.json")
+    again, _ = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan=str(path), rewrites=["rope", "qkv"])
+    assert again.pcc >= 0.99999
+    with pytest.raises(Exception, match=r"made with rewrites \['qkv', 'rope'\] but this compile runs none"):
+        compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan=str(path))

@@ -14,9 +14,9 @@ without a plan that fits it.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
+from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
@@ -53,7 +53,9 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
     gm, records = _rewrite(gm, mesh, opts)
     graph = annotate(gm, model=model)
     plan = _plan_for(graph, mesh, opts)
-    if records and opts.plan is None:
+    if isinstance(opts.plan, Path):
+        _check_rewrites(plan, opts)
+    elif records:
         plan = plan.with_(rewrites=records)
     plan.check(graph)
     if opts.dump_dir is not None:
@@ -84,6 +86,16 @@ def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.Grap
     return gm, tuple(RewriteRecord(r.name, r.count, tuple(r.where)) for r in reports)
 
 
+def _check_rewrites(plan: Plan, opts: Options) -> None:
+    made_with = tuple(r.name for r in plan.rewrites)
+    if set(made_with) != set(opts.rewrites):
+        raise PlanError(
+            f"plan {opts.plan} was made with rewrites {list(made_with) or 'none'} but this compile runs "
+            f"{list(opts.rewrites) or 'none'}; the plan's locations name ops of the rewritten graph, so pass "
+            f"rewrites={list(made_with) or 'none'!r}"
+        )
+
+
 def _start_runtime(opts: Options) -> None:
     """Virtual CPU devices when nothing else is configured; HLO dumps under dump_dir."""
     if not runtime.runtime_started():
@@ -98,6 +110,10 @@ def _model_name(gm: fx.GraphModule) -> str:
 
 
 def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
+    if opts.plan == "tt-xla":
+        from planner.hand_plans import tt_xla_plan
+
+        return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or default_hardware(mesh))
     if opts.plan is not None:
         plan = load_plan(opts.plan)
         if plan.mesh.shape != mesh.shape:

@@ -18,6 +18,8 @@ from planner.mesh import MeshError, MeshSpec, parse_mesh
 
 from rewrites import PASS_NAMES as REWRITE_NAMES
 ENV_PREFIX = "WANCOMPILE_"
+# Plans made by rule instead of by the solver; `plan="tt-xla"` runs the seed's hand plan.
+BUILTIN_PLANS = ("tt-xla",)
 
 
 class OptionsError(ValueError):
@@ -34,8 +36,8 @@ class Options:
     hardware: Optional[str] = None
     # Write plan.json (and the planner's other dumps) here.
     dump_dir: Optional[Path] = None
-    # Run this saved plan.json instead of solving.
-    plan: Optional[Path] = None
+    # Run this saved plan.json instead of solving, or a built-in plan by name (BUILTIN_PLANS).
+    plan: Optional[Union[Path, str]] = None
     # Per-device memory budget in GB, overriding the hardware profile's.
     memory_gb: Optional[float] = None
     # On the first call, compare against the same graph unsharded and raise on mismatch.
@@ -102,10 +104,13 @@ def _parse(raw: dict[str, Any]) -> Options:
         raise OptionsError(f"option 'verify' must be a boolean, got {verify!r}")
 
     plan = raw.get("plan")
-    if plan is not None:
+    if plan is not None and str(plan) not in BUILTIN_PLANS:
         plan = Path(plan)
         if not plan.is_file():
-            raise OptionsError(f"option 'plan': no file at {plan}; pass the path of a plan.json written by wancompile")
+            raise OptionsError(
+                f"option 'plan': no file at {plan}; pass the path of a plan.json written by wancompile, "
+                f"or a built-in plan: {', '.join(BUILTIN_PLANS)}"
+            )
 
     return Options(
         mesh=mesh,
