@@ -283,6 +283,7 @@ class _Ctx:
         collectives = tuple(Collective(kind, axes, nbytes, count, where) for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3]))
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
+        self._sigmas = [chosen[m.name].sigma for m in self.st.block_macros]
         acts = self._activations(forced_block, sigma0)
         memory = sum(self._local_bytes(self.g[n].out, params.get(self.g[n].param)) for n in (x.name for x in self.g.params())
                      if self.g[n].block in (None, 0)) * self.copies
@@ -354,6 +355,14 @@ class _Ctx:
             for k in range(self.n):
                 loc = type(node.location)(re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module), node.location.op, node.location.occurrence)
                 acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node)))
+        if any(s for s in self._sigmas):
+            from planner.hand_plans import _rope_tables
+
+            for table in _rope_tables(self.g):
+                acts.append(ActivationConstraint(
+                    table.location, (None,) * len(table.out.shape), table.out.shape,
+                    reason="RoPE table kept replicated: each device slices its token rows locally (unconstrained, GSPMD "
+                           "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)"))
         exit_ = self.g[self.st.exit]
         acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="exit: tokens gathered before unpatchify"))
         return tuple(acts)
@@ -361,7 +370,7 @@ class _Ctx:
 
 def _reason(node) -> str:
     if node.op == "linear":
-        return "keep the K/V projection token-local (gather after, on the narrower TP shard)"
+        return "linear output pinned to the planned layout (tokens on the SP axes, features on the TP axes)"
     if node.op == "permute":
         return "SDPA operand layout (K/V gathered on tokens, or Ulysses heads)"
     return "stream layout change between macros"
