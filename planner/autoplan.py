@@ -36,7 +36,7 @@ KIB = 1024
 def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
                memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
                values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
-               sequence_parallel: bool = True) -> Plan:
+               sequence_parallel: bool = True, only: Optional[Mapping[str, str]] = None) -> Plan:
     """Plan a captured Wan DiT graph.
 
     Args:
@@ -49,6 +49,9 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
         weight_copies: weight sets resident per device (2 for both A14B experts).
         values: example sizes for symbolic dims (costs need numbers; the plan keeps guards).
         sequence_parallel: False restricts block macros to unsplit tokens (TP / replicated only).
+        only: macro name (``attn1``, ``ffn``, ``condition_embedder.time_embedder``) -> regular
+            expression a strategy name must match (``{"attn1": "^Ulysses"}``): restricts the
+            choice, e.g. to compile and check a strategy the cost model would not pick here.
 
     Raises:
         PlanError: no plan fits the memory budget (names the smallest budget that fits).
@@ -59,6 +62,7 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
     vals = dict(values or {})
     ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals)
     ctx.sequence_parallel = sequence_parallel
+    ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -158,6 +162,14 @@ class _Ctx:
             opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile)
             if not getattr(self, "sequence_parallel", True):
                 opts = [s for s in opts if not s.sigma]
+            if m.name in getattr(self, "only", {}):
+                pattern = self.only[m.name]
+                kept = [s for s in opts if re.search(pattern, s.name)]
+                if not kept:
+                    raise PlanError(f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
+                                    + ", ".join(s.name for s in opts))
+                why = why + [f"restricted by only={pattern!r}: " + ", ".join(s.name for s in opts if s not in kept)]
+                opts = kept
             options = []
             for s in opts:
                 ev = self.eval_macro(m, s)
