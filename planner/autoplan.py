@@ -36,7 +36,7 @@ KIB = 1024
 def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
                memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
                values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
-               sequence_parallel: bool = True) -> Plan:
+               sequence_parallel: bool = True, only: Optional[Mapping[str, str]] = None) -> Plan:
     """Plan a captured Wan DiT graph.
 
     Args:
@@ -49,6 +49,9 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
         weight_copies: weight sets resident per device (2 for both A14B experts).
         values: example sizes for symbolic dims (costs need numbers; the plan keeps guards).
         sequence_parallel: False restricts block macros to unsplit tokens (TP / replicated only).
+        only: macro name (``attn1``, ``ffn``, ``condition_embedder.time_embedder``) -> regular
+            expression a strategy name must match (``{"attn1": "^Ulysses"}``): restricts the
+            choice, e.g. to compile and check a strategy the cost model would not pick here.
 
     Raises:
         PlanError: no plan fits the memory budget (names the smallest budget that fits).
@@ -59,6 +62,7 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
     vals = dict(values or {})
     ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals)
     ctx.sequence_parallel = sequence_parallel
+    ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -158,6 +162,14 @@ class _Ctx:
             opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile)
             if not getattr(self, "sequence_parallel", True):
                 opts = [s for s in opts if not s.sigma]
+            if m.name in getattr(self, "only", {}):
+                pattern = self.only[m.name]
+                kept = [s for s in opts if re.search(pattern, s.name)]
+                if not kept:
+                    raise PlanError(f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
+                                    + ", ".join(s.name for s in opts))
+                why = why + [f"restricted by only={pattern!r}: " + ", ".join(s.name for s in opts if s not in kept)]
+                opts = kept
             options = []
             for s in opts:
                 ev = self.eval_macro(m, s)
@@ -223,29 +235,68 @@ class _Ctx:
         return self.mesh.size * max(1, 2 ** math.ceil(math.log2(max(need / budget, 1.0))))
 
     def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> list[Decision]:
+        """One Decision per group. ``cost`` and ``rejected_cost`` are both whole-plan objectives
+        (seconds per forward: every macro plus the stream-layout edges, as the ILP sums them): the
+        best plan with the chosen option vs the best plan without it, so rejected_cost >= cost
+        whenever the solve is optimal. The note splits the difference into this macro, the edges
+        and the other macros, and says why an option that is cheaper on its own lost."""
         out = []
+        by_name = {g.name: g for g in groups}
+
+        def own(g, j) -> float:
+            return (g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e9
+
+        def edge_s(choice) -> float:
+            return sum(e.count * e.cost_ns.get((by_name[e.src].options[choice[e.src]].key, by_name[e.dst].options[choice[e.dst]].key), 0)
+                       for e in edges) / 1e9
+
+        def others(g, choice) -> float:
+            return sum(own(h, choice[h.name]) for h in groups if h.name != g.name)
+
+        def why_worse(g, alt_choice) -> str:
+            d_node = own(g, alt_choice[g.name]) - own(g, res.choice[g.name])
+            d_edge = edge_s(alt_choice) - edge_s(res.choice)
+            d_other = others(g, alt_choice) - others(g, res.choice)
+            txt = f"this macro {d_node * 1e3:+.3f} ms, stream-layout edges {d_edge * 1e3:+.3f} ms, other macros {d_other * 1e3:+.3f} ms"
+            moved = [f"{h.name} -> {h.options[alt_choice[h.name]].name}" for h in groups
+                     if h.name != g.name and alt_choice[h.name] != res.choice[h.name]]
+            if moved:
+                txt += " (" + ", ".join(moved) + (" to fit the memory budget" if memory_kib is not None and d_other > 0 and d_edge <= 0 else "") + ")"
+            return txt
+
         for g in groups:
             i = res.choice[g.name]
             o = g.options[i]
-            cost = (g.count * o.cost_ns + o.once_ns) / 1e9
+            cost = res.objective_ns / 1e9
             rejected, rcost = "", None
+            note = f"plan total {cost * 1e3:.3f} ms per forward ({o.name}: {own(g, i) * 1e3:.3f} ms of it)"
+            alt_j = None
             if len(g.options) > 1:
                 try:
                     alt = solve(groups, edges, memory_kib=memory_kib, forbid={g.name: i}, time_limit_s=2.0)
-                    j = alt.choice[g.name]
-                    rejected = g.options[j].name
-                    rcost = (g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e9
-                    delta = (alt.objective_ns - res.objective_ns) / 1e9
-                    note = f"next best plan is {delta * 1e3:+.3f} ms per forward"
+                    alt_j = alt.choice[g.name]
+                    rejected = g.options[alt_j].name
+                    rcost = alt.objective_ns / 1e9
+                    note += (f"; next best: {rejected}, plan total {rcost * 1e3:.3f} ms ({rcost * 1e3 - cost * 1e3:+.3f} ms: "
+                             + why_worse(g, alt.choice) + ")")
                 except Infeasible:
-                    note = "every alternative breaks the memory budget"
+                    note += "; every alternative breaks the memory budget"
             else:
-                note = "only legal option"
+                note += "; only legal option"
+            cheapest = min(range(len(g.options)), key=lambda j: (g.options[j].cost_ns * g.count + g.options[j].once_ns, j))
+            if own(g, cheapest) < own(g, i) and cheapest != alt_j:
+                name = g.options[cheapest].name
+                try:
+                    forced = solve(groups, edges, memory_kib=memory_kib,
+                                   only={g.name: cheapest}, time_limit_s=2.0)
+                    note += (f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but its best plan totals "
+                             f"{forced.objective_ns / 1e6:.3f} ms: " + why_worse(g, forced.choice))
+                except Infeasible:
+                    note += f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but no plan with it fits the memory budget"
             if excluded[g.name]:
                 note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
             ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
-            note += "; options (ms per forward): " + ", ".join(
-                f"{g.options[j].name}={(g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e6:.3f}" for j in ranked)
+            note += "; options on their own (ms per forward): " + ", ".join(f"{g.options[j].name}={own(g, j) * 1e3:.3f}" for j in ranked)
             mem = o.param_kib * KIB / 1e9
             note += f"; {mem:.2f} GB weights/device" + (" (weights sharded for memory)" if tables[g.name][i].fsdp else "")
             where = f"blocks.*.{g.name} (x{g.count})" if g.count > 1 else g.name
@@ -283,6 +334,7 @@ class _Ctx:
         collectives = tuple(Collective(kind, axes, nbytes, count, where) for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3]))
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
+        self._sigmas = [chosen[m.name].sigma for m in self.st.block_macros]
         acts = self._activations(forced_block, sigma0)
         memory = sum(self._local_bytes(self.g[n].out, params.get(self.g[n].param)) for n in (x.name for x in self.g.params())
                      if self.g[n].block in (None, 0)) * self.copies
@@ -354,6 +406,14 @@ class _Ctx:
             for k in range(self.n):
                 loc = type(node.location)(re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module), node.location.op, node.location.occurrence)
                 acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node)))
+        if any(s for s in self._sigmas):
+            from planner.hand_plans import _rope_tables
+
+            for table in _rope_tables(self.g):
+                acts.append(ActivationConstraint(
+                    table.location, (None,) * len(table.out.shape), table.out.shape,
+                    reason="RoPE table kept replicated: each device slices its token rows locally (unconstrained, GSPMD "
+                           "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)"))
         exit_ = self.g[self.st.exit]
         acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="exit: tokens gathered before unpatchify"))
         return tuple(acts)
@@ -361,7 +421,7 @@ class _Ctx:
 
 def _reason(node) -> str:
     if node.op == "linear":
-        return "keep the K/V projection token-local (gather after, on the narrower TP shard)"
+        return "linear output pinned to the planned layout (tokens on the SP axes, features on the TP axes)"
     if node.op == "permute":
         return "SDPA operand layout (K/V gathered on tokens, or Ulysses heads)"
     return "stream layout change between macros"

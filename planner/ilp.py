@@ -78,7 +78,8 @@ class Infeasible(RuntimeError):
 
 def solve(groups: Sequence[Group], edges: Sequence[Edge], *, memory_kib: Optional[int] = None,
           hint: Optional[Mapping[str, int]] = None, forbid: Optional[Mapping[str, int]] = None,
-          time_limit_s: float = 5.0, seed: int = 0) -> SolveResult:
+          only: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, seed: int = 0) -> SolveResult:
+    """Minimize the objective; `forbid` excludes one option of a group, `only` fixes one."""
     model = cp_model.CpModel()
     x = {g.name: [model.NewBoolVar(f"x[{g.name},{o.name}]") for o in g.options] for g in groups}
     by_name = {g.name: g for g in groups}
@@ -94,6 +95,9 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge], *, memory_kib: Optiona
     if forbid:
         for g, i in forbid.items():
             model.Add(x[g][i] == 0)
+    if only:
+        for g, i in only.items():
+            model.Add(x[g][i] == 1)
     if hint:
         for g, i in hint.items():
             for j, var in enumerate(x[g]):

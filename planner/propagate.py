@@ -47,6 +47,7 @@ class Evaluation:
     events: list[CommEvent] = field(default_factory=list)
     compute_seconds: float = 0.0
     flops: float = 0.0
+    bytes: float = 0.0  # per-device bytes the ops read and write (the roofline's memory term)
     peak_bytes: float = 0.0
     warnings: list[str] = field(default_factory=list)
     guards: list[Guard] = field(default_factory=list)
@@ -145,6 +146,7 @@ def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwarePr
         flops = as_number(res.flops, dict(values or {}))
         nbytes = as_number(res.bytes, dict(values or {}))
         ev.flops += flops
+        ev.bytes += nbytes
         ev.compute_seconds += op_seconds(flops, nbytes, res.kernel, hw)
         live = sum(as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
                    for m, lay in zip(node.outputs, outs))

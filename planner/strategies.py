@@ -240,6 +240,18 @@ def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, 
             else:
                 params[p] = Layout.replicated(len(node.out.shape))
     forced: dict[str, Layout] = {}
+    if macro.in_block and (tp or fsdp or ulysses):
+        # Pin every linear's output to the planned layout (tokens on sigma, features on tp; the
+        # row-parallel output whole). Without it GSPMD's propagation takes the weight's sharding
+        # for the product: with FSDP weights (features over tp+sigma) it all-gathers the tokens
+        # instead of the weight and later re-partitions a reshape (measured, docs/planner.md).
+        for lin_name in macro.linears:
+            lin = graph[lin_name]
+            nd = len(lin.out.shape)
+            reads_stream = _reads_stream(graph, macro, lin)
+            rows = sigma if reads_stream else ()
+            feat = tp if lin_name in col else ()
+            forced[lin_name] = Layout(((),) * (nd - 2) + (rows, feat))
     if macro.kind == "attention" and macro.self_attention and sigma:
         sdpa = graph[macro.sdpa]
         q, k, v = sdpa.inputs[:3]
@@ -247,6 +259,12 @@ def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, 
             heads = tp + sigma  # TP split major (DESIGN.md §4: else GSPMD emits collective-permutes)
             for x in (q, k, v):
                 forced[x] = Layout(((), heads, (), ()))
+                # entry: the (B, L, H, d) operand of each permute stays token-split (after RoPE),
+                # so the all-to-all sits exactly at the permute, not inside RoPE's strided writes
+                src = graph[graph[x].inputs[0]]
+                if src.op not in _RESHAPES:
+                    forced[src.name] = Layout(((), sigma, tp, ()))
+            forced[sdpa.name] = Layout(((), heads, (), ()))  # exit of the head-split region, then back to tokens
             back = next(u for u in graph.users(sdpa.name) if u.op == "permute")
             forced[back.name] = Layout(((), sigma, tp, ()))
         else:
@@ -256,6 +274,14 @@ def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, 
                 forced[x] = Layout(((), tp, (), ()))
     name = _name(macro, sigma, tp, ulysses, fsdp)
     return Strategy(name, sigma, tp, ulysses, fsdp, params, forced, guards)
+
+
+_RESHAPES = ("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze")
+
+
+def _reads_stream(graph: Graph, macro: Macro, lin: Node) -> bool:
+    """True unless the linear reads the text states (cross-attention K/V: tokens never split)."""
+    return not (macro.kind == "attention" and not macro.self_attention and lin.name in macro.linears[1:-1])
 
 
 def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool) -> str:
