@@ -37,4 +37,6 @@ def build_vae(name: str, *, device: str | torch.device = "cpu", seed: int = 0, d
     torch.manual_seed(seed)
     with torch.device(device):
         vae = AutoencoderKLWan(**VAE_CONFIGS[name])
-    return vae.to(dtype).eval()
+    if dtype != torch.float32:
+        vae = vae.to(dtype)
+    return vae.eval()
