@@ -143,3 +143,14 @@ def test_spatial_tiling_is_refused_with_the_fix(vaes):
 def test_only_wan_vaes_are_accepted():
     with pytest.raises(TypeError, match="AutoencoderKLWan"):
         wvae.enable_full_t(torch.nn.Conv3d(16, 16, 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float64])
+def test_upsampling_copies_the_same_pixels_as_the_module(dtype):
+    from diffusers.models.autoencoders.autoencoder_kl_wan import WanUpsample
+
+    from wancompile.vae.frames import upsample_2x
+
+    upsampler = WanUpsample(scale_factor=(2.0, 2.0), mode="nearest-exact")
+    x = torch.randn(3, 4, 5, 7, dtype=dtype)
+    assert torch.equal(upsample_2x(upsampler, x), upsampler(x))

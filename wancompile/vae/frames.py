@@ -122,7 +122,25 @@ def upsample(resample: nn.Module, x: torch.Tensor, history: CausalHistory, name:
         x = double_frames(resample, x, history, name, first_chunk)
     elif resample.mode != "upsample2d":
         raise NotImplementedError(f"{name}: the decoder has no {resample.mode!r} resample")
-    return resample(x)  # without a feat_cache WanResample only runs its per-frame spatial part
+    b, c, t, h, w = x.shape
+    upsampler, conv = resample.resample
+    frames = conv(upsample_2x(upsampler, x.permute(0, 2, 1, 3, 4).reshape(b * t, c, h, w)))
+    return frames.view(b, t, *frames.shape[1:]).permute(0, 2, 1, 3, 4)
+
+
+def upsample_2x(upsampler: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`WanUpsample` (nearest-exact, 2x): each pixel copied into a 2x2 block, written as a broadcast.
+
+    The module's `interpolate` does not suit XLA: torch_xla 2.9
+    has no lowering for nearest-exact and runs it on the host, cutting the graph at every upsampler,
+    and plain nearest makes the SPMD partitioner all-reduce the whole image when H/W are sharded.
+    A broadcast and a reshape keep each device's rows and columns its own.
+    """
+    if upsampler.mode != "nearest-exact" or tuple(upsampler.scale_factor) != (2.0, 2.0):
+        return upsampler(x)
+    n, c, h, w = x.shape
+    x = x.float().type_as(x)  # WanUpsample works in float32: the same rounding (none below float64)
+    return x[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2 * h, 2 * w)
 
 
 def double_frames(resample: nn.Module, x: torch.Tensor, history: CausalHistory, name: str, first_chunk: bool) -> torch.Tensor:
