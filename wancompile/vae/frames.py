@@ -7,8 +7,9 @@ last two input frames of every temporal conv, keyed by module path. Full-T is th
 starts at frame 0 with an empty history.
 
 Every block calls the module's own submodules; the only code that differs from diffusers' blocks is
-the bookkeeping of which frames a causal conv sees, and the frame-0 rule of temporal upsampling. See
-docs/vae.md for why this equals the streaming decode.
+the bookkeeping of which frames a causal conv sees, the frame-0 rule of temporal upsampling, and the
+2x nearest upsample written as a broadcast for XLA (`upsample_2x`, same pixels). See docs/vae.md for
+why this equals the streaming decode.
 """
 
 from __future__ import annotations
