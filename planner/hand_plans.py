@@ -26,6 +26,7 @@ from typing import Optional
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec, PartitionSpec
 from planner.plan import ActivationConstraint, Collective, Plan, PlanError, SolverInfo
+from planner.strategies import StructureError, block_stack_entry
 
 _COL = ("to_q", "to_k", "to_v", "add_k_proj", "add_v_proj", "net.0.proj", "linear_1")
 _ROW = ("to_out.0", "net.2", "linear_2")
@@ -84,7 +85,10 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
 
     acts: list[ActivationConstraint] = []
     if sp is not None and mesh.axis_size(sp) > 1:
-        entry = _block_stack_entry(graph)
+        try:
+            entry = block_stack_entry(graph)
+        except StructureError as e:
+            raise PlanError(str(e)) from None
         acts.append(ActivationConstraint(entry.location, (None, sp, None), entry.out.shape, reason="SP: tokens sharded at the block-stack entry"))
         for table in _rope_tables(graph):
             acts.append(ActivationConstraint(table.location, (None, sp, None, None), table.out.shape, reason="SP: rope table sharded like the tokens"))
@@ -116,18 +120,6 @@ def _num_heads(graph: Graph) -> int:
             if isinstance(sizes, list) and isinstance(sizes[0], int) and sizes[0] > 0:
                 return sizes[0]
     raise PlanError("cannot find the attention head count (no unflatten in attn1); is this a Wan DiT graph?")
-
-
-def _block_stack_entry(graph: Graph) -> Node:
-    """The (B, L, D) token tensor block 0 reads: walk back from block 0's first LayerNorm (norm1)
-    through its dtype casts until the producer lies outside the block."""
-    norm1 = next((n for n in graph if n.block == 0 and n.op == "layer_norm"), None)
-    if norm1 is None:
-        raise PlanError("cannot find the block-stack entry (no LayerNorm in block 0); is this a Wan DiT graph?")
-    x = graph[norm1.inputs[0]]
-    while x.block == 0:
-        x = graph[x.inputs[0]]
-    return x
 
 
 def _rope_tables(graph: Graph) -> list[Node]:

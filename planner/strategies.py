@@ -137,7 +137,7 @@ def find_structure(graph: Graph) -> Structure:
     root_macros = tuple(_macro(graph, p, p, False, [n for n in prologue if n.module.startswith(p + ".")])
                         for p, lin in parents.items() if len(lin) == 2 and p)
 
-    entry = _entry(prologue)
+    entry = block_stack_entry(graph)
     exit_ = next((n for n in reversed(epilogue) if n.op == "linear"), None)
     if exit_ is None:
         raise StructureError("no output projection after the block stack")
@@ -147,11 +147,17 @@ def find_structure(graph: Graph) -> Structure:
                      entry.name, block_output.name, exit_.name, stream_shape[1], len(blocks))
 
 
-def _entry(prologue: list[Node]) -> Node:
-    for n in reversed(prologue):
-        if n.op in ("contiguous", "transpose", "flatten") and len(n.out.shape) == 3 and n.module == "":
-            return n
-    raise StructureError("cannot find the block-stack entry (flatten/transpose of the patch embedding)")
+def block_stack_entry(graph: Graph) -> Node:
+    """The (B, L, D) token tensor block 0 reads: walk back from block 0's first LayerNorm (norm1)
+    through its dtype casts until the producer lies outside the block. Found by dataflow, so it
+    holds after rewrites (patch_embed's linear, sp_pad's pad)."""
+    norm1 = next((n for n in graph if n.block == 0 and n.op == "layer_norm"), None)
+    if norm1 is None:
+        raise StructureError("cannot find the block-stack entry (no LayerNorm in block 0); is this a Wan DiT graph?")
+    x = graph[norm1.inputs[0]]
+    while x.block == 0:
+        x = graph[x.inputs[0]]
+    return x
 
 
 def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node]) -> Macro:
@@ -162,7 +168,16 @@ def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node])
     if sdpa is not None:
         heads = int(sdpa.out.shape[1])
         q = graph[linears[0]]
-        k = next(graph[x] for x in linears[1:] if graph[x].module.endswith("to_k") or graph[x].module.endswith("add_k_proj"))
+        k = next((graph[x] for x in linears[1:] if graph[x].module.endswith(("to_k", "add_k_proj"))), None)
+        if k is None:
+            # The qkv rewrite packs the projections into one in-graph weight; GSPMD partitions the
+            # packing differently from what the rules predict (measured: extra all-gathers and
+            # collective-permutes on 2x4), so such graphs are refused rather than mispredicted.
+            raise StructureError(
+                f"{module}: fused QKV projection (the 'qkv' rewrite). The auto planner does not plan fused "
+                "projections yet; compile without 'qkv' in the rewrites option, or with plan='tt-xla' "
+                "(whose head-aligned specs keep the fused program identical to the unfused one)"
+            )
         self_attn = q.inputs[0] == k.inputs[0]
         return Macro(name, "attention", module, in_block, tuple(n.name for n in ns), params, linears, heads, self_attn, sdpa.name)
     width = int(graph[linears[0]].out.shape[-1])

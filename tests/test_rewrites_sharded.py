@@ -58,3 +58,22 @@ def test_saved_plan_remembers_its_rewrites(tmp_path, tiny_model, tiny_inputs):
     assert again.pcc >= 0.99999
     with pytest.raises(Exception, match=r"made with rewrites \['qkv', 'rope'\] but this compile runs none"):
         compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan=str(path))
+
+
+def test_auto_plan_after_rope_patch_embed_and_sp_pad_compiles_to_its_prediction():
+    from wancompile.models import build_transformer, transformer_inputs
+    from wancompile.verify import compare_collectives
+
+    model = build_transformer("tiny")
+    inputs = dict(transformer_inputs("tiny", "tiny", 9), hidden_states=torch.randn(1, 4, 5, 6, 6))  # 45 tokens
+    result, program = compile_and_check(model, inputs, mesh="2x4", memory_gb=0.00025,
+                                        rewrites=["rope", "patch_embed", "sp_pad"])
+    assert result.pcc >= 0.99999, result
+    assert any("SP(" in d.strategy for d in program.plan.decisions)  # a sharded plan, not replication
+    matches = compare_collectives(program.plan.collectives, program.collectives())
+    assert all(m.count_ok and m.bytes_ok() for m in matches), "\n".join(map(str, matches))
+
+
+def test_auto_planner_refuses_qkv_fused_graphs_by_name(tiny_model, tiny_inputs):
+    with pytest.raises(Exception, match=r"fused QKV projection.*compile without 'qkv'.*plan='tt-xla'"):
+        compile_and_check(tiny_model, tiny_inputs, mesh="2x4", rewrites=["qkv"])
