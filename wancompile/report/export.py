@@ -24,6 +24,10 @@ replicated) and ``ACTIVATION_CONSTRAINTS``: ``(module, op, occurrence, output, s
   unmodified diffusers model has a site; a site that is never reached raises after the forward
   (`check_constraints_applied`) instead of silently running unsharded.
 
+The same mode runs ``F.layer_norm`` as explicit reductions (``layer_norm_decomposed``, the
+backend's `wancompile.legalize`): without it GSPMD all-gathers the hidden state before every
+LayerNorm under SP (``apply_activation_sharding(..., legalize_layer_norm=False)`` to compare).
+
 Plans made with graph rewrites (QKV fusion, patch-embed as Linear, ...) name ops and parameters the
 eager model does not have; they are refused, since the module applies to the model as diffusers
 builds it.
@@ -104,14 +108,18 @@ def shard_params(model, mesh):
 class _OpConstraints(torch.overrides.TorchFunctionMode):
     """Marks the output of the op calls ACTIVATION_CONSTRAINTS names that are not module outputs."""
 
-    def __init__(self, mesh, sites, stack):
+    def __init__(self, mesh, sites, stack, legalize_layer_norm):
         super().__init__()
         self.mesh, self.sites, self.stack = mesh, sites, stack
+        self.legalize_layer_norm = legalize_layer_norm
         self.counts = {{}}
         self.applied = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {{}}))
+        if self.legalize_layer_norm and func is torch.nn.functional.layer_norm:
+            out = layer_norm_decomposed(*args, **(kwargs or {{}}))
+        else:
+            out = func(*args, **(kwargs or {{}}))
         name = getattr(func, "__name__", "")
         module = self.stack[-1] if self.stack else ""
         key = (module, name)
@@ -124,8 +132,24 @@ class _OpConstraints(torch.overrides.TorchFunctionMode):
         return out
 
 
-def apply_activation_sharding(model, mesh):
-    """Install the hooks that place ACTIVATION_CONSTRAINTS; returns the hook handles."""
+def layer_norm_decomposed(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    """F.layer_norm as explicit reductions over the normalized dims. torch_xla lowers layer_norm
+    through XLA batch-norm with the tokens as the feature dim, which GSPMD cannot keep token-sharded:
+    it would all-gather the full hidden state before every LayerNorm under sequence parallelism."""
+    dims = tuple(range(-len(normalized_shape), 0))
+    mean = x.mean(dims, keepdim=True)
+    centred = x - mean
+    y = centred * torch.rsqrt(centred.square().mean(dims, keepdim=True) + eps)
+    if weight is not None:
+        y = y * weight
+    if bias is not None:
+        y = y + bias
+    return y
+
+
+def apply_activation_sharding(model, mesh, legalize_layer_norm=True):
+    """Install the hooks that place ACTIVATION_CONSTRAINTS (and, by default, run LayerNorm as
+    explicit reductions, as wancompile's lowering does); returns the hook handles."""
     modules = dict(model.named_modules())
     handles, sites = [], {{}}
     for module, op, occurrence, output, spec in ACTIVATION_CONSTRAINTS:
@@ -135,8 +159,8 @@ def apply_activation_sharding(model, mesh):
             handles.append(modules[module].register_forward_hook(_mark_output(mesh, spec)))
         else:
             sites.setdefault((module, op), {{}}).setdefault(occurrence, []).append((output, spec))
-    if sites:
-        handles += _install_op_constraints(model, modules, mesh, sites)
+    if sites or legalize_layer_norm:
+        handles += _install_op_constraints(model, modules, mesh, sites, legalize_layer_norm)
     return handles
 
 
@@ -148,18 +172,18 @@ def _mark_output(mesh, spec):
     return hook
 
 
-def _install_op_constraints(model, modules, mesh, sites):
+def _install_op_constraints(model, modules, mesh, sites, legalize_layer_norm):
     stack, state = [], {{}}
     names = {{id(m): name for name, m in modules.items()}}
     handles = []
     for name, m in modules.items():
         if m is model:
             continue
-        handles.append(m.register_forward_pre_hook(lambda mod, args: stack.append(names[id(mod)])))
-        handles.append(m.register_forward_hook(lambda mod, args, out: stack.pop()))
+        handles.append(m.register_forward_pre_hook(_push(stack, names)))
+        handles.append(m.register_forward_hook(_pop(stack)))
 
     def enter(mod, args):
-        state["mode"] = _OpConstraints(mesh, sites, stack)
+        state["mode"] = _OpConstraints(mesh, sites, stack, legalize_layer_norm)
         state["mode"].__enter__()
 
     def leave(mod, args, out):
@@ -171,6 +195,20 @@ def _install_op_constraints(model, modules, mesh, sites):
     handles.append(model.register_forward_pre_hook(enter))
     handles.append(model.register_forward_hook(leave))
     return handles
+
+
+def _push(stack, names):
+    def hook(module, args):
+        stack.append(names[id(module)])  # returns None: the module's inputs are unchanged
+
+    return hook
+
+
+def _pop(stack):
+    def hook(module, args, output):
+        stack.pop()  # returns None: the module's output is unchanged
+
+    return hook
 
 
 def check_constraints_applied(model):

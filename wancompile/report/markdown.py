@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from wancompile.report.model import Report, human_bytes, ms, us
+from wancompile.report.model import Report, human_bytes, human_flops, ms, us
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -40,8 +40,8 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
         flops = rep.flops_per_forward()
         if hw is not None and flops:
             bound = flops / (float(hw.peak_flops) * float(hw.efficiency))
-            rows.append(("roofline", f"{flops / 1e12:.4g} TFLOP per device per forward; at {float(hw.peak_flops) / 1e12:.0f} TFLOP/s × "
-                         f"{float(hw.efficiency):.0%} that is {ms(bound)} ms, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
+            rows.append(("roofline", f"{human_flops(flops)} per device per forward; at {float(hw.peak_flops) / 1e12:.0f} TFLOP/s × "
+                         f"{float(hw.efficiency):.0%} that is {bound * 1e6:.3g} µs, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
                          "(memory-bound ops and launch floors make up the rest)"))
     if pr.memory_bytes_per_device:
         cap = f" of {float(hw.dram_bytes) / 1e9:.0f} GB ({100 * pr.memory_bytes_per_device / float(hw.dram_bytes):.1f} %)" if hw else ""
@@ -107,7 +107,10 @@ def render_markdown(rep: Report) -> str:
              *(f"- {x}" for x in p.notes)]
     if extra:
         lines += ["", "## Notes", ""] + extra
-    return "\n".join(lines).rstrip() + "\n"
+    text = "\n".join(lines).rstrip() + "\n"
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text
 
 
 def _op_table(rows: list[dict]) -> list[str]:

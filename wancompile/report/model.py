@@ -201,10 +201,15 @@ class Report:
         return entry_axes(e.spec[1]) if e is not None else ()
 
     def tp_axes(self) -> tuple[str, ...]:
-        """Axes splitting the output features of the first self-attention's Q projection."""
+        """Axes splitting the heads of the first self-attention: the feature dim of its Q projection's
+        output (from the trace), else the Q weight's output dim less the SP axes (FSDP adds those)."""
+        for r in self.rows("block"):
+            if re.match(r"^blocks\.\*\.attn1\.to_q(kv)?:linear#0$", r["loc"]):
+                last = r["out"].split(" +")[0].split(" × ")[-1]
+                return tuple(last.split("/", 1)[1].split("·")) if "/" in last else ()
         for name, spec in self.plan.params.items():
             if re.match(r"^blocks\.0\.attn1\.to_q(kv)?\.weight$", name) and spec:
-                return entry_axes(spec[0])
+                return tuple(a for a in entry_axes(spec[0]) if a not in self.sp_axes())
         return ()
 
     def parallelism(self) -> str:
@@ -256,6 +261,13 @@ class Report:
 
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else f"{x:.2f}"
+
+
+def human_flops(n: float) -> str:
+    for unit, size in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n:.0f} FLOP"
 
 
 def human_bytes(n: float) -> str:
