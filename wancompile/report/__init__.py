@@ -33,7 +33,7 @@ def build_report(plan: Plan, graph: Optional[Graph] = None, hardware: Optional[s
         try:
             trace = trace_plan(graph, plan, hardware, num_blocks=num_blocks)
         except Exception as e:  # a graph the structure finder does not know: dump without the op table
-            log.warning("plan report: no per-op trace (%s: %s); plan.md/html show the plan without the block table", type(e).__name__, e)
+            log.info("plan report: no per-op trace (%s: %s); plan.md/html show the plan without the block table", type(e).__name__, e)
     return Report(plan, trace)
 
 

@@ -43,9 +43,9 @@ def diff(a: Report, b: Report) -> str:
     lines.append("parallelism")
     lines.append(f"  A: {a.parallelism()}")
     lines.append(f"  B: {b.parallelism()}")
-    if a.sp_axes() != b.sp_axes():
+    if _axes(a, a.sp_axes()) != _axes(b, b.sp_axes()):
         lines.append(f"  SP changed: {_axes(a, a.sp_axes())} -> {_axes(b, b.sp_axes())}")
-    if a.tp_axes() != b.tp_axes():
+    if _axes(a, a.tp_axes()) != _axes(b, b.tp_axes()):
         lines.append(f"  TP changed: {_axes(a, a.tp_axes())} -> {_axes(b, b.tp_axes())}")
     qa, qb = pa.predicted, pb.predicted
     lines += ["", "predicted per forward (B - A)",

@@ -54,7 +54,8 @@ def dataflow_svg(rep: Report) -> str:
     rows = rep.table_rows("block")
     if not rows:
         return ""
-    entry = rep.rows("block")[0]["in"][0] if rep.rows("block") and rep.rows("block")[0]["in"] else ""
+    first = next((r for r in rows if r["op"] == "layer_norm" and r["in"]), rows[0])  # norm1 reads the block's input
+    entry = first["in"][0] if first["in"] else ""
     stream = _pattern(entry)
     states: list[str] = []
     for r in rows:
@@ -74,7 +75,7 @@ def dataflow_svg(rep: Report) -> str:
            '<path d="M0,0 L10,5 L0,10 z" fill="#888"/></marker></defs>',
            f'<text x="{box_x}" y="20" font-size="13" font-weight="bold">one block ({_esc(rep.trace.get("block_module", "blocks.0") if rep.trace else "")} '
            f'stands for all {rep.num_blocks}); entry state {_esc(stream)}</text>',
-           f'<text x="{badge_x}" y="20" font-size="12" fill="#555">collectives (per call)</text>']
+           f'<text x="{badge_x}" y="44" font-size="12" fill="#555">collectives (per call)</text>']
     prev_group = None
     group_start = top
     y = top

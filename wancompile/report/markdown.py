@@ -57,7 +57,7 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
 def render_markdown(rep: Report) -> str:
     p = rep.plan
     lines = [f"# Sharding plan: {p.model} on {p.mesh} ({', '.join(p.mesh.axis_names)})", ""]
-    lines += _table(("", ""), header_rows(rep))
+    lines += _table(("plan", "value"), header_rows(rep))
     n = rep.num_blocks
 
     views = rep.decisions()
