@@ -122,5 +122,5 @@ def test_full_size_plan_on_galaxy_writes_valid_dumps(model, tmp_path):
     assert rep.num_blocks == (30 if "5b" in model else 40) and rep.table_rows("block")
     assert rep.sp_axes() and rep.tp_axes(), rep.parallelism()
     md = (tmp_path / "plan.md").read_text()
-    assert "| collectives per block | " in md and "## Why" in md and f"×{rep.num_blocks} blocks" in md
+    assert "| collectives per block | " in md and "## Why" in md and f"× {rep.num_blocks} blocks = " in md
     HTMLParser().feed((tmp_path / "plan.html").read_text())

@@ -362,3 +362,22 @@ def test_plan_html_is_self_contained_well_formed_and_holds_the_figures_and_table
         assert r["loc"].removeprefix("blocks.*.").replace(":", " : ") in text
     assert "= the stream between macros (block entry)" in text
     assert f"block ×{rep.num_blocks}" in text and "one block, per sub-layer" in text
+
+
+@pytest.mark.slow
+def test_backend_dump_dir_writes_the_three_dumps(spmd, tmp_path, tiny_model, tiny_inputs):
+    import torch
+
+    from planner.plan import load_plan
+    from wancompile.report.schema import errors
+
+    torch._dynamo.reset()
+    compiled = torch.compile(tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "dump_dir": str(tmp_path)}, fullgraph=True)
+    with torch.no_grad():
+        compiled(**tiny_inputs, return_dict=False)
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert errors(data) == [] and data["report"]["ops"]
+    assert load_plan(tmp_path / "plan.json").model == data["model"]  # still a plan the `plan` option reads
+    md = (tmp_path / "plan.md").read_text()
+    assert md.startswith("# Sharding plan: wan-dit on 2x4 (batch, model)") and "## One block, op by op" in md
+    assert parse((tmp_path / "plan.html").read_text()).errors == []

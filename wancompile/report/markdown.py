@@ -41,7 +41,7 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
         if hw is not None and flops:
             bound = flops / (float(hw.peak_flops) * float(hw.efficiency))
             rows.append(("roofline", f"{human_flops(flops)} per device per forward; at {float(hw.peak_flops) / 1e12:.0f} TFLOP/s × "
-                         f"{float(hw.efficiency):.0%} that is {bound * 1e6:.3g} µs, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
+                         f"{float(hw.efficiency):.0%} that is {(f'{bound * 1e3:.1f} ms' if bound >= 1e-3 else f'{bound * 1e6:.3g} µs')}, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
                          "(memory-bound ops and launch floors make up the rest)"))
     if pr.memory_bytes_per_device:
         cap = f" of {float(hw.dram_bytes) / 1e9:.0f} GB ({100 * pr.memory_bytes_per_device / float(hw.dram_bytes):.1f} %)" if hw else ""
