@@ -24,7 +24,7 @@ import torch.fx as fx
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec
-from planner.plan import Plan, PlanError, RewriteRecord, load_plan, replicated_params, save_plan
+from planner.plan import Plan, PlanError, RewriteRecord, load_plan, replicated_params
 from wancompile import runtime
 from wancompile.capture import annotate
 from wancompile.options import Options
@@ -149,8 +149,10 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
 
 
 def _dump(dump_dir, graph: Graph, plan: Plan) -> None:
+    from wancompile.report import write_dumps
+
     dump_dir.mkdir(parents=True, exist_ok=True)
-    save_plan(plan, dump_dir / "plan.json")
+    write_dumps(plan, dump_dir, graph=graph)  # plan.json (+ per-op trace), plan.md, plan.html
     (dump_dir / "graph.json").write_text(graph.to_json())
     (dump_dir / "summary.txt").write_text(graph.summary() + "\n" + plan.summary() + "\n")
 

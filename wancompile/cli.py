@@ -1,87 +1,236 @@
 """The ``wancompile`` console script.
 
-``wancompile plan --model wan2.2-t2v-a14b --component transformer --mesh 8x4 --hardware wh-galaxy
---resolution 720p --frames 81 --out DIR`` plans a full-size model on the meta device (no weights, no
-accelerator): it captures a 2-block copy of the transformer (the planner shares decisions across
-identical blocks and writes them for all of them by name), solves, writes ``DIR/plan.json`` and prints
-a summary.
+    wancompile plan --model M --component transformer --mesh 8x4 --hardware wh-galaxy \\
+                    --resolution 720p --frames 81 --out DIR     # DIR/plan.json, plan.md, plan.html
+    wancompile explain PLAN NODE-OR-PARAM                       # one decision / parameter / op
+    wancompile diff PLAN_A PLAN_B                               # what changed, cost deltas
+    wancompile export PLAN --format python [-o FILE]            # plain-torch_xla sharding module
+    wancompile report PLAN [--out DIR]                          # re-render plan.md / plan.html
+    wancompile validate PLAN...                                 # check against plan.schema.json
+
+``plan`` works on the meta device (no weights, no accelerator): it captures a 2-block copy of the
+transformer (the planner shares decisions across identical blocks and writes them for all blocks by
+name), solves, and writes the dumps. PLAN arguments take a plan.json or the directory holding it.
+``-v`` logs steps and decisions (``-vv``: debug) under the ``wancompile`` logger on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
-import time
 from pathlib import Path
 from typing import Optional, Sequence
 
+log = logging.getLogger("wancompile")
+
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr")
+    p = argparse.ArgumentParser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools", parents=[common])
     sub = p.add_subparsers(dest="command", required=True)
-    plan = sub.add_parser("plan", help="plan a model's sharding on the meta device and write plan.json")
+    plan = sub.add_parser("plan", parents=[common], help="plan a model's sharding on the meta device; write plan.json, plan.md, plan.html")
     plan.add_argument("--model", required=True, help="wan2.2-t2v-a14b | wan2.2-i2v-a14b | wan2.2-ti2v-5b | tiny")
     plan.add_argument("--component", default="transformer", choices=["transformer"])
     plan.add_argument("--mesh", required=True, help="mesh shape, e.g. 8x4 (axes batch, model)")
     plan.add_argument("--hardware", default="wh-galaxy", help="hardware profile (planner.hardware.PROFILES)")
     plan.add_argument("--resolution", default="720p")
     plan.add_argument("--frames", type=int, default=81)
-    plan.add_argument("--out", required=True, help="directory for plan.json")
+    plan.add_argument("--out", required=True, help="directory for plan.json, plan.md, plan.html")
     plan.add_argument("--memory-gb", type=float, default=None, help="per-device budget (default: the profile's DRAM)")
     plan.add_argument("--experts", type=int, default=None, help="weight sets resident per device (default 2 for A14B, else 1)")
     plan.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     plan.add_argument("--capture-blocks", type=int, default=2)
     plan.add_argument("--time-limit", type=float, default=5.0, help="solver time limit, seconds")
+    plan.add_argument("--hand", choices=["tt-xla"], default=None,
+                      help="write the tt-xla hand plan (seed 000) instead of solving, priced by the same cost model")
+
+    ex = sub.add_parser("explain", parents=[common], help="explain one decision, parameter, module or op of a plan")
+    ex.add_argument("plan", help="plan.json or its directory")
+    ex.add_argument("what", help="e.g. attn1, blocks.3.ffn, blocks.0.attn1.to_q.weight, proj_out:linear#0")
+
+    df = sub.add_parser("diff", parents=[common], help="compare two plans: decisions, parallelism, collectives, cost deltas")
+    df.add_argument("plan_a")
+    df.add_argument("plan_b")
+
+    xp = sub.add_parser("export", parents=[common], help="export a plan as a Python module for plain torch_xla")
+    xp.add_argument("plan")
+    xp.add_argument("--format", default="python", choices=["python"])
+    xp.add_argument("-o", "--output", default=None, help="file to write (default: stdout)")
+
+    rp = sub.add_parser("report", parents=[common], help="re-render plan.md and plan.html from a plan.json")
+    rp.add_argument("plan")
+    rp.add_argument("--out", default=None, help="directory (default: the plan's)")
+
+    va = sub.add_parser("validate", parents=[common], help="check plan.json files against wancompile/schema/plan.schema.json")
+    va.add_argument("plans", nargs="+")
     return p
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    import torch
+    from wancompile.progress import Progress
+
+    progress = Progress(3)
+    with progress.step(f"capturing {min(args.capture_blocks, 10**9)}-block {args.model} {args.component} on meta"):
+        import torch
+
+        from wancompile.capture import capture_module
+        from wancompile.models import build_transformer, get_model, transformer_inputs
+
+        spec = get_model(args.model)
+        dtype = getattr(torch, args.dtype)
+        num_layers = spec.transformer["num_layers"]
+        module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
+        inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype)
+        graph, _ = capture_module(module, **inputs, return_dict=False, model=args.model)
+    log.info("captured %s", graph.summary())
 
     from planner import plan_graph
     from planner.mesh import parse_mesh
-    from planner.plan import PlanError, save_plan
-    from wancompile.capture import capture_module
-    from wancompile.models import build_transformer, get_model, transformer_inputs
+    from planner.plan import PlanError
 
-    t0 = time.perf_counter()
-    spec = get_model(args.model)
-    dtype = getattr(torch, args.dtype)
-    num_layers = spec.transformer["num_layers"]
-    module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
-    inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype)
-    graph, _ = capture_module(module, **inputs, return_dict=False, model=args.model)
-    t1 = time.perf_counter()
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
+    mesh = parse_mesh(args.mesh)
     try:
-        plan = plan_graph(graph, parse_mesh(args.mesh), args.hardware, memory_gb=args.memory_gb, num_blocks=num_layers,
-                          weight_copies=experts, time_limit_s=args.time_limit, model=args.model)
+        with progress.step("planning" + (" (tt-xla hand plan)" if args.hand else f" on {mesh} for {args.hardware}")):
+            if args.hand:
+                from planner.autoplan import price_plan
+                from planner.hand_plans import tt_xla_plan
+
+                plan = tt_xla_plan(graph, mesh, model=args.model)
+                plan = _expand_blocks(plan, num_layers)
+                plan = plan.with_(hardware=args.hardware, predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers,
+                                                                              weight_copies=experts))
+            else:
+                plan = plan_graph(graph, mesh, args.hardware, memory_gb=args.memory_gb, num_blocks=num_layers,
+                                  weight_copies=experts, time_limit_s=args.time_limit, model=args.model)
     except PlanError as e:
         print(f"wancompile plan: {e}", file=sys.stderr)
         return 2
-    t2 = time.perf_counter()
-    out = save_plan(plan, Path(args.out) / "plan.json")
+    for d in plan.decisions:
+        log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
+
+    from wancompile.report import write_dumps
+
+    with progress.step("writing plan.json, plan.md, plan.html"):
+        paths = write_dumps(plan, args.out, graph=graph, hardware=args.hardware, num_blocks=num_layers)
     p = plan.predicted
     print(plan.summary())
     print(f"  tokens per forward: {spec.tokens(args.resolution, args.frames)}; blocks: {num_layers}; weight sets resident: {experts}")
-    print(f"  predicted per forward: {p.step_seconds * 1e3:.1f} ms = compute {p.compute_seconds * 1e3:.1f} ms "
-          f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms ({100 * p.comm_seconds / p.step_seconds:.0f}%)")
+    if p.step_seconds:
+        print(f"  predicted per forward: {p.step_seconds * 1e3:.1f} ms = compute {p.compute_seconds * 1e3:.1f} ms "
+              f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms ({100 * p.comm_seconds / p.step_seconds:.0f}%)")
     print(f"  memory per device: {p.memory_bytes_per_device / 1e9:.2f} GB")
     print(f"  solver: {plan.solver.status}, {plan.solver.seconds:.3f} s solving, gap {plan.solver.gap:.2%}; "
-          f"capture {t1 - t0:.2f} s, build + solve {t2 - t1:.2f} s")
+          f"capture {progress.times.get(next(iter(progress.times)), 0):.2f} s")
     for d in plan.decisions:
         print(f"  {d.node}: {d.strategy}" + (f"  (next best: {d.rejected})" if d.rejected else ""))
     for n in plan.notes[2:]:
         print(f"  note: {n}")
-    print(f"wrote {out}")
+    for kind in ("json", "md", "html"):
+        print(f"wrote {paths[kind]}")
     return 0
 
 
+def _expand_blocks(plan, num_layers: int):
+    """A hand plan made on a short capture, with its block parameters and constraints written for
+    every block by name (as plan_graph does)."""
+    import re
+
+    from planner.plan import ActivationConstraint
+
+    params = dict(plan.params)
+    for name, spec in plan.params.items():
+        m = re.match(r"^blocks\.0\.(.+)$", name)
+        if m:
+            for i in range(num_layers):
+                params.setdefault(f"blocks.{i}.{m.group(1)}", spec)
+    acts = list(plan.activations)
+    for a in plan.activations:
+        if a.location.module.startswith("blocks.0."):
+            for i in range(1, num_layers):
+                loc = type(a.location)("blocks.%d." % i + a.location.module[len("blocks.0."):], a.location.op, a.location.occurrence)
+                if all(b.location != loc for b in acts):
+                    acts.append(ActivationConstraint(loc, a.spec, a.shape, a.output, a.reason))
+    return plan.with_(params=params, activations=tuple(acts))
+
+
+def _load(path: str):
+    from wancompile.report import Report
+
+    return Report.load(path)
+
+
+def explain_command(args: argparse.Namespace) -> int:
+    from wancompile.report.explain import explain
+
+    print(explain(_load(args.plan), args.what))
+    return 0
+
+
+def diff_command(args: argparse.Namespace) -> int:
+    from wancompile.report.diff import diff
+
+    print(diff(_load(args.plan_a), _load(args.plan_b)))
+    return 0
+
+
+def export_command(args: argparse.Namespace) -> int:
+    from wancompile.report.export import export_python
+
+    text = export_python(_load(args.plan))
+    if args.output:
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from wancompile.report import write_dumps
+
+    rep = _load(args.plan)
+    out = Path(args.out) if args.out else Path(rep.source).parent
+    paths = write_dumps(rep.plan, out, report=rep)
+    for kind in ("json", "md", "html"):
+        print(f"wrote {paths[kind]}")
+    return 0
+
+
+def validate_command(args: argparse.Namespace) -> int:
+    import json
+
+    from wancompile.report.schema import errors
+
+    bad = 0
+    for path in args.plans:
+        p = Path(path)
+        p = p / "plan.json" if p.is_dir() else p
+        errs = errors(json.loads(p.read_text()))
+        print(f"{p}: " + ("valid" if not errs else f"{len(errs)} problem(s)"))
+        for e in errs[:20]:
+            print(f"  {e}")
+        bad += bool(errs)
+    return 1 if bad else 0
+
+
+COMMANDS = {"plan": plan_command, "explain": explain_command, "diff": diff_command, "export": export_command,
+            "report": report_command, "validate": validate_command}
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    from planner.plan import PlanError
+    from wancompile.progress import setup_logging
+
     args = _parser().parse_args(argv)
-    if args.command == "plan":
-        return plan_command(args)
-    return 1
+    setup_logging(args.verbose)
+    try:
+        return COMMANDS[args.command](args)
+    except PlanError as e:
+        print(f"wancompile {args.command}: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,0 +1,126 @@
+"""The ``wancompile`` verbs: plan (three dumps, progress, -v), explain, diff, report, validate.
+
+Full-size plans (A14B, TI2V-5B on Galaxy 8x4) capture 2 blocks on the meta device (~12 s each): slow.
+"""
+
+import json
+
+import pytest
+
+from wancompile.cli import main
+
+TINY = ["--model", "tiny", "--resolution", "tiny", "--frames", "9"]
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    out = {}
+    for name, extra in {"hand-2x4": ["--mesh", "2x4", "--hand", "tt-xla"], "hand-8x4": ["--mesh", "8x4", "--hand", "tt-xla"],
+                        "auto-2x4": ["--mesh", "2x4", "--memory-gb", "0.00025"]}.items():
+        d = tmp_path_factory.mktemp(name)
+        assert main(["plan", *TINY, "--hardware", "wh-loudbox", *extra, "--out", str(d)]) == 0
+        out[name] = d
+    return out
+
+
+def test_plan_writes_three_dumps_and_logs_steps_with_v(tmp_path, capsys):
+    assert main(["plan", *TINY, "--mesh", "2x4", "--hardware", "wh-loudbox", "--hand", "tt-xla", "--out", str(tmp_path), "-v"]) == 0
+    out, err = capsys.readouterr()
+    for name in ("plan.json", "plan.md", "plan.html"):
+        assert (tmp_path / name).stat().st_size > 1000 and f"wrote {tmp_path / name}" in out
+    assert "INFO wancompile: [1/3] capturing 2-block tiny transformer on meta done in" in err
+    assert "INFO wancompile: [3/3] writing plan.json, plan.md, plan.html done in" in err
+
+
+def test_progress_is_live_on_a_terminal():
+    import io
+
+    from wancompile.progress import Progress
+
+    stream = io.StringIO()
+    p = Progress(2, stream=stream, live=True)
+    with p.step("solving"):
+        import time
+
+        time.sleep(0.45)
+    text = stream.getvalue()
+    assert text.startswith("\r[1/2] solving … 0.") and text.endswith(" s\n") and "\r[1/2] solving done in 0.4" in text
+    with pytest.raises(ZeroDivisionError), p.step("failing"):
+        1 / 0
+    assert "\r[2/2] failing failed in" in stream.getvalue()
+
+
+def test_explain_a_decision_names_choice_cost_collectives_and_alternatives(tiny_dirs, capsys):
+    assert main(["explain", str(tiny_dirs["auto-2x4"]), "blocks.1.ffn"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "blocks.*.ffn (x2): Megatron(model)+SP(batch)"
+    assert lines[1].startswith("  cost: 0.097 ms per forward")
+    assert any(line.startswith("    all-reduce         model           3.0 KiB") and line.endswith("at blocks.*.ffn.net.2:linear#0") for line in lines)
+    assert "  best rejected: Megatron(model)+SP(batch)+FSDP, 0.123 ms per forward; the whole plan would be +0.011 ms per forward" in lines
+    assert "options priced (ms per forward): SP(batchxmodel)=0.042, SP(model)=0.042" in out  # the six cheapest, as the planner lists them
+
+
+def test_explain_a_parameter_and_an_op(tiny_dirs, capsys):
+    d = str(tiny_dirs["hand-2x4"])
+    assert main(["explain", d, "blocks.1.attn1.to_out.0.weight"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[:3] == ["parameter blocks.*.attn1.to_out.0.weight (same spec in all 2 blocks)",
+                                    "  spec: (-, model)", "  shape: (64, 64) bfloat16; per device (64, 16)"]
+    assert "all-reduce on model 3.0 KiB" in out
+    assert main(["explain", d, "blocks.0.attn1:scaled_dot_product_attention#0"]) == 0
+    out = capsys.readouterr().out
+    assert "-> 1 × 4/model × 48/batch × 16" in out and out.count("all-gather on batch 1.5 KiB") == 2
+    assert main(["explain", d, ":contiguous#0"]) == 0
+    assert "constraint at :contiguous#0: (-, batch, -) — SP: tokens sharded at the block-stack entry" in capsys.readouterr().out
+
+
+def test_explain_unknown_names_near_misses(tiny_dirs, capsys):
+    assert main(["explain", str(tiny_dirs["auto-2x4"]), "blocks.0.attn3"]) == 2
+    err = capsys.readouterr().err
+    assert "has no decision, parameter, module or op named 'blocks.0.attn3'; try one of:" in err
+
+
+def test_diff_2x4_vs_8x4_shows_the_sp_change_and_its_cost(tiny_dirs, capsys):
+    assert main(["diff", str(tiny_dirs["hand-2x4"]), str(tiny_dirs["hand-8x4"])]) == 0
+    out = capsys.readouterr().out
+    assert "mesh       2x4 ('batch', 'model')  ->  8x4 ('batch', 'model')" in out
+    assert "  SP changed: batch (2-way) -> batch (8-way)" in out
+    a = json.loads((tiny_dirs["hand-2x4"] / "plan.json").read_text())["predicted"]
+    b = json.loads((tiny_dirs["hand-8x4"] / "plan.json").read_text())["predicted"]
+    d = (b["step_seconds"] - a["step_seconds"]) * 1e3
+    assert f"  step     {a['step_seconds'] * 1e3:.3f} -> {b['step_seconds'] * 1e3:.3f} ms ({d:+.3f} ms" in out
+    assert "all-gather         batch        calls     5 -> 5" in out  # same K/V + exit gathers, over 8 devices now
+    assert "collective bill per block: 5 big + 4 small -> 5 big + 4 small" in out
+
+
+def test_report_rerenders_and_validate_checks(tiny_dirs, tmp_path, capsys):
+    src = tiny_dirs["auto-2x4"]
+    assert main(["report", str(src / "plan.json"), "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "plan.md").read_text() == (src / "plan.md").read_text()
+    assert (tmp_path / "plan.html").read_text() == (src / "plan.html").read_text()
+    assert main(["validate", str(src), str(tmp_path / "plan.json")]) == 0
+    data = json.loads((tmp_path / "plan.json").read_text())
+    del data["solver"]["gap"]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert main(["validate", str(tmp_path)]) == 1
+    assert "$.solver: missing required field 'gap'" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["wan2.2-t2v-a14b", "wan2.2-i2v-a14b", "wan2.2-ti2v-5b"])
+def test_full_size_plan_on_galaxy_writes_valid_dumps(model, tmp_path):
+    from html.parser import HTMLParser
+
+    from wancompile.report import Report
+    from wancompile.report.schema import errors
+
+    assert main(["plan", "--model", model, "--component", "transformer", "--mesh", "8x4", "--hardware", "wh-galaxy",
+                 "--resolution", "720p", "--frames", "81", "--out", str(tmp_path)]) == 0
+    assert errors(json.loads((tmp_path / "plan.json").read_text())) == []
+    rep = Report.load(tmp_path)
+    assert rep.num_blocks == (30 if "5b" in model else 40) and rep.table_rows("block")
+    assert rep.sp_axes() and rep.tp_axes(), rep.parallelism()
+    md = (tmp_path / "plan.md").read_text()
+    assert "| collectives per block | " in md and "## Why" in md and f"× {rep.num_blocks} blocks = " in md
+    HTMLParser().feed((tmp_path / "plan.html").read_text())

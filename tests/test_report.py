@@ -1,0 +1,383 @@
+"""plan.md goldens, the per-block bill, plan.schema.json, and plan.html's structure.
+
+Regenerate the goldens after a deliberate change (planner tuning changes the auto plan's numbers):
+
+    EXPECTTEST_ACCEPT=1 python -m pytest tests/test_report.py
+
+The auto golden is `wancompile plan --model tiny --mesh 2x4 --hardware wh-loudbox --resolution tiny
+--frames 9 --memory-gb 0.00025`: the tiny DiT is launch-bound, so only a memory budget makes the
+planner shard it (SP, Megatron, FSDP and a replicated embedder in one plan). The hand golden is
+the tt-xla plan of seed 000, whose per-block bill is the seed's "5 big + 4 small" with SP.
+"""
+
+import json
+import re
+from html.parser import HTMLParser
+
+import pytest
+from expecttest import assert_expected_inline
+
+TINY = ["--model", "tiny", "--mesh", "2x4", "--hardware", "wh-loudbox", "--resolution", "tiny", "--frames", "9"]
+
+
+ASCII = str.maketrans({"×": "x", "—": "--", "µ": "u", "Δ": "delta", "·": ".", "→": "->", "%": "%"})
+
+
+def stable(md: str) -> str:
+    """plan.md without what changes run to run (solver wall time), in ASCII (expecttest writes
+    printable ASCII only: × -> x, — -> --, µ -> u, Δ -> delta)."""
+    return re.sub(r"in \d+\.\d+ s", "in <t> s", md).translate(ASCII)
+
+
+@pytest.fixture(scope="module")
+def auto_dir(tmp_path_factory):
+    from wancompile.cli import main
+
+    out = tmp_path_factory.mktemp("auto")
+    assert main(["plan", *TINY, "--memory-gb", "0.00025", "--out", str(out)]) == 0
+    return out
+
+
+@pytest.fixture(scope="module")
+def hand_dir(tmp_path_factory):
+    from wancompile.cli import main
+
+    out = tmp_path_factory.mktemp("hand")
+    assert main(["plan", *TINY, "--hand", "tt-xla", "--out", str(out)]) == 0
+    return out
+
+
+def section(md: str, title: str) -> str:
+    start = md.index(f"## {title}")
+    end = md.find("\n## ", start + 1)
+    return md[start:end if end > 0 else len(md)].strip()
+
+
+def test_hand_plan_block_table_and_bill_are_the_seeds(hand_dir):
+    md = (hand_dir / "plan.md").read_text()
+    assert "| collectives per block | 5 big + 4 small (2 all-gather on batch, 3 all-reduce on model; small: 4 all-reduce on model) |" in md
+    assert_expected_inline(stable(section(md, "One block")), """\
+## One block, op by op (`blocks.*`, x2)
+
+State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); `+P(model)`: partial sums over `model`. us = predicted compute + collectives of the op, per block.
+
+| op | weights | state in | state out | constraint | collective | bytes | us |
+|---|---|---|---|---|---|---|---|
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_q:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_k:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_v:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | weight (model) | 1 x 48/batch x 64/model | 1 x 48/batch x 64/model | -- | all-reduce on model | 96 B | 33.5 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | weight (model) | 1 x 48/batch x 64/model | 1 x 48/batch x 64/model | -- | all-reduce on model | 96 B | 33.5 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4/model x 48/batch x 16 | 1 x 4/model x 48/batch x 16 | -- | all-gather on batch<br>all-gather on batch | 1.5 KiB<br>1.5 KiB | 19.9 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 64/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48/batch x 64<br>64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_q:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_k:linear#0` | weight (model, -); bias (model) | 1 x 7 x 64 | 1 x 7 x 64/model | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_v:linear#0` | weight (model, -); bias (model) | 1 x 7 x 64 | 1 x 7 x 64/model | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (model) | 1 x 48/batch x 64/model | 1 x 48/batch x 64/model | -- | all-reduce on model | 96 B | 33.5 |
+| `blocks.*.attn2.norm_k:rms_norm#0` | weight (model) | 1 x 7 x 64/model | 1 x 7 x 64/model | -- | all-reduce on model | 28 B | 33.5 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4/model x 48/batch x 16<br>1 x 4/model x 7 x 16 | 1 x 4/model x 48/batch x 16 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 64/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 96/model | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.2:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 96/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
+
+Block total: 333.7 us (compute 133.8 us + comm 199.9 us) x 2 blocks = 0.667 ms per forward.
+
+**Collective bill per block: 5 big + 4 small**
+
+| collective | axes | bytes per call | per block | size | where |
+|---|---|---|---|---|---|
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn1.to_out.0 (row-parallel) |
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn2.to_out.0 (row-parallel) |
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.ffn.net.2 (row-parallel) |
+| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_q (mean-square stats) |
+| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_k (mean-square stats) |
+| all-reduce | model | 96 B | 1 | small | blocks.*.attn2.norm_q (mean-square stats) |
+| all-reduce | model | 28 B | 1 | small | blocks.*.attn2.norm_k (mean-square stats) |
+| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 key on tokens |
+| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 value on tokens |""")
+
+
+def test_auto_plan_md_golden(auto_dir):
+    assert_expected_inline(stable((auto_dir / "plan.md").read_text()), """\
+# Sharding plan: tiny on 2x4 (batch, model)
+
+| plan | value |
+|---|---|
+| model | tiny -- 2 blocks, 48 tokens per forward |
+| mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
+| hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.480 ms, 113 variables, 49 constraints |
+| predicted per forward | 0.480 ms = compute 0.324 ms (68 %) + comm 0.156 ms (32 %), no overlap assumed |
+| roofline | 4.09 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0456 us, so compute is 7105.8x its FLOP bound (memory-bound ops and launch floors make up the rest) |
+| memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
+| parallelism | SP: tokens over batch (2); TP: none in self-attention |
+| collectives per block | 7 big + 0 small (6 all-gather on batch, 1 all-reduce on model) |
+| parameters | 71 (17 sharded); 10 activation constraints |
+
+## Decisions
+
+| where | chosen | cost ms/forward | best rejected | its cost | plan delta if rejected |
+|---|---|---|---|---|---|
+| blocks.*.attn1 (x2) | **SP(batch)+KV-gather+FSDP** | 0.228 | SP(model)+KV-gather+FSDP | 0.279 | +0.012 ms |
+| blocks.*.attn2 (x2) | **SP(batch)** | 0.112 | SP(model) | 0.112 | +0.012 ms |
+| blocks.*.ffn (x2) | **Megatron(model)+SP(batch)** | 0.097 | Megatron(model)+SP(batch)+FSDP | 0.123 | +0.011 ms |
+| condition_embedder.time_embedder | **Megatron(batch)** | 0.029 | replicated | 0.014 | +0.000 ms |
+| condition_embedder.text_embedder | **replicated** | 0.014 | Megatron(batch) | 0.029 | +0.000 ms |
+
+## One block, op by op (`blocks.*`, x2)
+
+State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); `+P(model)`: partial sums over `model`. us = predicted compute + collectives of the op, per block.
+
+| op | weights | state in | state out | constraint | collective | bytes | us |
+|---|---|---|---|---|---|---|---|
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_q:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn1.to_k:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn1.to_v:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn1:permute#1` | -- | 1 x 48/batch x 4 x 16 | 1 x 4 x 48 x 16 | `(-, -, -, -)` | all-gather on batch | 6.0 KiB | 6.6 |
+| `blocks.*.attn1:permute#2` | -- | 1 x 48/batch x 4 x 16 | 1 x 4 x 48 x 16 | `(-, -, -, -)` | all-gather on batch | 6.0 KiB | 6.6 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48/batch x 16<br>1 x 4 x 48 x 16 | 1 x 4 x 48/batch x 16 | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48/batch x 64<br>64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_q:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_k:linear#0` | weight (-, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_v:linear#0` | weight (-, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.norm_k:rms_norm#0` | weight (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48/batch x 16<br>1 x 4 x 7 x 16 | 1 x 4 x 48/batch x 16 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 96/model | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.2:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 96/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
+
+Block total: 201.1 us (compute 133.9 us + comm 67.1 us) x 2 blocks = 0.402 ms per forward.
+
+**Collective bill per block: 7 big + 0 small**
+
+| collective | axes | bytes per call | per block | size | where |
+|---|---|---|---|---|---|
+| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_k:linear#0 |
+| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_q:linear#0 |
+| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_v:linear#0 |
+| all-gather | batch | 6.0 KiB | 1 | big | blocks.*.attn1:permute#1 |
+| all-gather | batch | 6.0 KiB | 1 | big | blocks.*.attn1:permute#2 |
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |
+
+## Once per forward (before and after the block stack)
+
+| op | weights | state in | state out | constraint | collective | bytes | us |
+|---|---|---|---|---|---|---|---|
+| `:contiguous#0` | -- | 1 x 48 x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 0.0 |
+| `condition_embedder.time_embedder.linear_2:linear#0` | weight (-, batch); bias (-) | 1 x 64/batch | 1 x 64 | -- | all-reduce on batch | 128 B | 21.9 |
+| `proj_out:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48 x 16 | `(-, -, -)` | all-gather on batch | 1.5 KiB | 13.4 |
+
+Prologue 56.9 us, epilogue 20.6 us (compute + comm).
+
+## Predicted collectives per forward
+
+| collective | axes | bytes per call | calls | us per call | where |
+|---|---|---|---|---|---|
+| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_k:linear#0 |
+| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_q:linear#0 |
+| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_v:linear#0 |
+| all-gather | batch | 6.0 KiB | 2 | 6.6 | blocks.*.attn1:permute#1 |
+| all-gather | batch | 6.0 KiB | 2 | 6.6 | blocks.*.attn1:permute#2 |
+| all-reduce | model | 3.0 KiB | 2 | 27.0 | blocks.*.ffn.net.2:linear#0 |
+| all-reduce | batch | 128 B | 1 | 14.9 | condition_embedder.time_embedder.linear_2:linear#0 |
+| all-gather | batch | 1.5 KiB | 1 | 6.4 | proj_out:linear#0 |
+
+## Why
+
+### blocks.*.attn1 (x2): SP(batch)+KV-gather+FSDP
+
+- **chosen** `SP(batch)+KV-gather+FSDP`: 0.228 ms per forward; 0.00 GB weights/device (weights sharded for memory)
+- **best rejected** `SP(model)+KV-gather+FSDP`: 0.279 ms per forward; forcing it off the chosen option makes the whole plan +0.012 ms per forward
+- other options priced: `replicated` 0.142 ms, `SP(batch)+KV-gather` 0.174 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms
+- excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
+- collectives it implies (per call): all-gather on batch 8.0 KiB at `blocks.*.attn1.to_q:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn1.to_k:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn1.to_v:linear#0`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#1`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#2`, all-gather on batch 8.0 KiB at `blocks.*.attn1.to_out.0:linear#0`
+
+### blocks.*.attn2 (x2): SP(batch)
+
+- **chosen** `SP(batch)`: 0.112 ms per forward; 0.00 GB weights/device
+- **best rejected** `SP(model)`: 0.112 ms per forward; forcing it off the chosen option makes the whole plan +0.012 ms per forward (cheaper on its own, dearer in context: stream reshards or the memory budget)
+- other options priced: `SP(batchxmodel)` 0.112 ms, `replicated` 0.113 ms, `SP(batch)+FSDP` 0.195 ms, `head-TP(batch)+SP(model)` 0.202 ms
+- excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
+
+### blocks.*.ffn (x2): Megatron(model)+SP(batch)
+
+- **chosen** `Megatron(model)+SP(batch)`: 0.097 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(model)+SP(batch)+FSDP`: 0.123 ms per forward; forcing it off the chosen option makes the whole plan +0.011 ms per forward
+- other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `SP(batch)+FSDP` 0.070 ms, `Megatron(batch)+SP(model)` 0.072 ms
+- collectives it implies (per call): all-reduce on model 3.0 KiB at `blocks.*.ffn.net.2:linear#0`
+
+### condition_embedder.time_embedder: Megatron(batch)
+
+- **chosen** `Megatron(batch)`: 0.029 ms per forward; 0.00 GB weights/device
+- **best rejected** `replicated`: 0.014 ms per forward; forcing it off the chosen option makes the whole plan +0.000 ms per forward (cheaper on its own, dearer in context: stream reshards or the memory budget)
+- other options priced: `Megatron(model)` 0.041 ms, `Megatron(batchxmodel)` 0.064 ms
+- collectives it implies (per call): all-reduce on batch 128 B at `condition_embedder.time_embedder.linear_2:linear#0`
+
+### condition_embedder.text_embedder: replicated
+
+- **chosen** `replicated`: 0.014 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(batch)`: 0.029 ms per forward; forcing it off the chosen option makes the whole plan +0.000 ms per forward
+- other options priced: `Megatron(model)` 0.041 ms, `Megatron(batchxmodel)` 0.064 ms
+
+## Notes
+
+- guard: `48 % 64 == 0 (32-token tiles per device; otherwise pad)`
+- planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name
+- predicted time = compute + comm, no overlap assumed; 1 weight set(s) resident
+- memory forces weight sharding: attn1 SP(batch)+KV-gather+FSDP
+""")
+
+
+def test_the_bill_counted_from_the_trace_matches_the_plans_prediction(hand_dir, auto_dir):
+    from wancompile.report import Report
+
+    for d in (hand_dir, auto_dir):
+        rep = Report.load(d)
+        plan_bill = sorted((e.kind, e.axes, e.bytes, e.per_block) for e in rep.bill().entries)
+        trace_bill = sorted((e.kind, e.axes, e.bytes, e.per_block) for e in rep.trace_bill().entries)
+        assert plan_bill == trace_bill
+        assert rep.bill().headline() == rep.trace_bill().headline()
+
+
+# --- schema -------------------------------------------------------------------------------------------
+
+
+def test_every_dump_validates_against_the_published_schema(hand_dir, auto_dir):
+    import jsonschema
+
+    from wancompile.report.schema import errors, plan_schema
+
+    jsonschema.Draft202012Validator.check_schema(plan_schema())
+    for d in (hand_dir, auto_dir):
+        data = json.loads((d / "plan.json").read_text())
+        assert errors(data) == []
+        jsonschema.validate(data, plan_schema())
+        assert data["report"]["ops"], "the dump carries the per-op trace"
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda d: d.pop("mesh"), r"\$: missing required field 'mesh'"),
+    (lambda d: d.update(schema_version=2), r"\$\.schema_version: expected 1, got 2"),
+    (lambda d: d["params"].update({"proj_out.weight": [None, 3]}), r"\$\.params\['proj_out\.weight'\]\[1\]: 3 matches none"),
+    (lambda d: d["collectives"].append({"kind": "all-sum", "axes": [], "bytes": 1, "count": 1, "where": ""}), r"'all-sum' is not one of"),
+    (lambda d: d["activations"][0].update(node="blocks.0.attn1.linear"), r"\$\.activations\[0\]\.node: .* does not match"),
+    (lambda d: d["report"]["ops"][0].update(segment="middle"), r"segment: 'middle' is not one of"),
+    (lambda d: d.update(extra=1), r"unexpected field 'extra'"),
+])
+def test_broken_plans_fail_validation_with_a_path(hand_dir, break_it, message):
+    import jsonschema
+
+    from wancompile.report.schema import SchemaError, plan_schema, validate
+
+    data = json.loads((hand_dir / "plan.json").read_text())
+    break_it(data)
+    with pytest.raises(SchemaError, match=message):
+        validate(data)
+    with pytest.raises(jsonschema.ValidationError):  # the reference implementation agrees
+        jsonschema.validate(data, plan_schema())
+
+
+# --- html ---------------------------------------------------------------------------------------------
+
+
+class Structure(HTMLParser):
+    VOID = {"meta", "br", "path", "line", "rect", "stop", "img", "link", "input", "hr"}
+
+    def __init__(self):
+        super().__init__()
+        self.stack, self.tags, self.attrs, self.text, self.errors = [], [], [], [], []
+        self.decl = None
+
+    def handle_decl(self, decl):
+        self.decl = decl
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(tag, k, v or "") for k, v in attrs]
+        if tag not in self.VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        self.tags.append(tag)
+        self.attrs += [(tag, k, v or "") for k, v in attrs]
+
+    def handle_endtag(self, tag):
+        if tag in self.VOID:
+            return
+        if not self.stack or self.stack[-1] != tag:
+            self.errors.append(f"</{tag}> closes <{self.stack[-1] if self.stack else None}>")
+        else:
+            self.stack.pop()
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(text: str) -> Structure:
+    s = Structure()
+    s.feed(text)
+    s.close()
+    return s
+
+
+@pytest.mark.parametrize("which", ["hand", "auto"])
+def test_plan_html_is_self_contained_well_formed_and_holds_the_figures_and_tables(which, hand_dir, auto_dir):
+    from wancompile.report import Report
+
+    d = hand_dir if which == "hand" else auto_dir
+    page = (d / "plan.html").read_text()
+    s = parse(page)
+    assert s.decl == "DOCTYPE html" and s.errors == [] and s.stack == [], (s.errors, s.stack)
+    assert s.tags[:4] == ["html", "head", "meta", "title"]
+    # nothing is fetched: no scripts, stylesheets, images, frames, or URLs anywhere
+    assert not {"script", "link", "img", "iframe", "object", "embed"} & set(s.tags)
+    assert not re.search(r"(https?:|ftp:|//[a-z0-9])", page, re.I)
+    assert all(v.startswith("#") or v.startswith("url(#") for t, k, v in s.attrs if k in ("href", "src", "marker-end"))
+    rep = Report.load(d)
+    md = (d / "plan.md").read_text()
+    # the tables of plan.md, and one row per table row
+    assert s.tags.count("table") == md.count("\n|---") + 1  # + the collapsed per-op trace
+    rows_md = sum(1 for line in md.splitlines() if line.startswith("| "))
+    assert s.tags.count("tr") == rows_md + len(rep.rows("block")) + 1  # + the trace: a header and one row per op
+    # two figures: the block's dataflow (one box per table row, one badge per collective) and the bars
+    assert s.tags.count("svg") == 2
+    rows = rep.table_rows("block")
+    text = " ".join(s.text)
+    boxes = sum(1 for t, k, v in s.attrs if t == "rect" and k == "rx" and v == "5")
+    assert boxes == len(rows)
+    badges = sum(1 for t, k, v in s.attrs if t == "rect" and k == "rx" and v == "10")
+    assert badges == sum(len(r["collectives"]) for r in rows) > 0
+    for r in rows:
+        assert r["loc"].removeprefix("blocks.*.").replace(":", " : ") in text
+    assert "= the stream between macros (block entry)" in text
+    assert f"block ×{rep.num_blocks}" in text and "one block, per sub-layer" in text
+
+
+@pytest.mark.slow
+def test_backend_dump_dir_writes_the_three_dumps(spmd, tmp_path, tiny_model, tiny_inputs):
+    import torch
+
+    from planner.plan import load_plan
+    from wancompile.report.schema import errors
+
+    torch._dynamo.reset()
+    compiled = torch.compile(tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "dump_dir": str(tmp_path)}, fullgraph=True)
+    with torch.no_grad():
+        compiled(**tiny_inputs, return_dict=False)
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert errors(data) == [] and data["report"]["ops"]
+    assert load_plan(tmp_path / "plan.json").model == data["model"]  # still a plan the `plan` option reads
+    md = (tmp_path / "plan.md").read_text()
+    assert md.startswith("# Sharding plan: wan-dit on 2x4 (batch, model)") and "## One block, op by op" in md
+    assert parse((tmp_path / "plan.html").read_text()).errors == []

@@ -1,0 +1,127 @@
+"""``wancompile explain PLAN WHAT``: one decision, parameter, module or op of a plan, in plain words.
+
+WHAT may be a decision (``attn1``, ``blocks.*.attn1``, ``blocks.7.ffn``,
+``condition_embedder.time_embedder``), a parameter (``blocks.3.attn1.to_q.weight``), a module
+(``blocks.0.attn1.to_k``) or an op location (``blocks.0.attn1:scaled_dot_product_attention#0``).
+Block indices are interchangeable: blocks share their decisions. The answer says what was chosen,
+what it costs (µs per call, collectives with bytes), and the alternatives with their costs.
+"""
+
+from __future__ import annotations
+
+import re
+
+from planner.mesh import format_spec
+from planner.plan import PlanError
+from wancompile.report.model import DecisionView, Report, human_bytes, ms, us
+
+
+def _generic(s: str) -> str:
+    return re.sub(r"^blocks\.\d+", "blocks.*", s.strip())
+
+
+def _decision_for(rep: Report, module: str) -> DecisionView | None:
+    """The decision whose macro contains `module` (``blocks.*.attn1.to_q`` -> ``attn1``)."""
+    rel = re.sub(r"^blocks\.\*\.", "", module)
+    best = None
+    for v in rep.decisions():
+        if rel == v.key or rel.startswith(v.key + ".") or module == v.key or module.startswith(v.key + "."):
+            if best is None or len(v.key) > len(best.key):
+                best = v
+    return best
+
+
+def explain(rep: Report, what: str) -> str:
+    """Text answer for `what`; raises PlanError (with near misses) when the plan has no such thing."""
+    g = _generic(what)
+    plan = rep.plan
+    lines: list[str] = []
+
+    views = {v.key: v for v in rep.decisions()}
+    key = re.sub(r"^blocks\.\*\.", "", re.sub(r"\s*\(x\d+\)$", "", g))
+    if key in views:
+        return _explain_decision(rep, views[key])
+
+    params = [p for p in plan.params if _generic(p) == g]
+    if params:
+        name = params[0]
+        spec = plan.params[name]
+        n = len(params) if g.startswith("blocks.*") else 1
+        lines.append(f"parameter {g}" + (f" (same spec in all {rep.num_blocks} blocks)" if n > 1 else ""))
+        info = (rep.trace or {}).get("params", {}).get(re.sub(r"^blocks\.\*", "blocks.0", g))
+        sharded = any(e is not None for e in spec)
+        lines.append(f"  spec: {format_spec(spec)}" + ("  (replicated)" if not sharded else ""))
+        if info:
+            shape = info["shape"]
+            local = [d // plan.mesh.entry_size(e) if isinstance(d, int) else f"{d}/{plan.mesh.entry_size(e)}" for d, e in zip(shape, spec)]
+            lines.append(f"  shape: {tuple(shape)} {info['dtype']}; per device {tuple(local)}")
+        users = [r for r in rep.rows() if r["module"] == g.rsplit(".", 1)[0] and r["weight"]]
+        for r in users:
+            lines.append(f"  used by {r['loc']}: {r['in'][0] if r['in'] else ''} -> {r['out']}" + _coll(r))
+        v = _decision_for(rep, g.rsplit(".", 1)[0])
+        if v:
+            lines.append(f"  decided by {v.where}: {v.decision.strategy} (see `wancompile explain PLAN {v.key}`)")
+        return "\n".join(lines)
+
+    rows = [r for r in rep.rows() if r["loc"] == g] or [r for r in rep.rows() if r["module"] == g]
+    acts = [a for a in plan.activations if _generic(str(a.location)) == g or _generic(a.location.module) == g]
+    if rows or acts:
+        lines.append(f"{'op' if ':' in g else 'module'} {g}")
+        for r in rows:
+            lines.append(f"  {r['loc']}: {', '.join(dict.fromkeys(r['in'])) or '-'} -> {r['out']}"
+                         + (f"; weights {r['weight']}" if r['weight'] else "")
+                         + f"; {us(r['compute_s'] + sum(c['seconds'] for c in r['collectives']))} µs" + _coll(r))
+        for a in acts[:1]:
+            lines.append(f"  constraint at {_generic(str(a.location))}: {format_spec(a.spec)}"
+                         + (f" ({len(acts)} sites)" if len(acts) > 1 else "") + (f" — {a.reason}" if a.reason else ""))
+        v = _decision_for(rep, rows[0]["module"] if rows else _generic(acts[0].location.module))
+        if v:
+            lines.append(f"  decided by {v.where}: {v.decision.strategy} (see `wancompile explain PLAN {v.key}`)")
+        if not rows and rep.trace is None:
+            lines.append("  (plan.json has no per-op trace; `wancompile plan` writes one)")
+        return "\n".join(lines)
+
+    near = sorted({v.key for v in views.values()} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
+    close = [x for x in near if key.split(".")[-1] in x][:8] or near[:8]
+    raise PlanError(f"plan {rep.source or ''} has no decision, parameter, module or op named {what!r}; try one of: {', '.join(close)}")
+
+
+def _coll(r: dict) -> str:
+    if not r["collectives"]:
+        return ""
+    return "; " + ", ".join(f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])} ({us(c['seconds'])} µs)"
+                            for c in r["collectives"])
+
+
+def _explain_decision(rep: Report, v: DecisionView) -> str:
+    d = v.decision
+    lines = [f"{v.where}: {d.strategy}", f"  cost: {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else "")]
+    rows = [r for r in rep.rows() if r["group"] == v.key]
+    colls = [(r, c) for r in rows for c in r["collectives"]]
+    if colls:
+        lines.append("  collectives per call:")
+        lines += [f"    {c['kind']:<18} {'+'.join(c['axes']):<12} {human_bytes(c['bytes']):>10}  {us(c['seconds']):>8} µs  at {r['loc']}"
+                  for r, c in colls]
+    elif rows:
+        lines.append("  collectives: none")
+    if rows:
+        comp = sum(r["compute_s"] for r in rows)
+        comm = sum(c["seconds"] for _, c in colls)
+        lines.append(f"  per call: compute {us(comp)} µs + collectives {us(comm)} µs")
+    cons = [a for a in rep.plan.activations if _generic(a.location.module).startswith(("blocks.*." + v.key, v.key)) and a.location.module]
+    seen = set()
+    for a in cons:
+        k = _generic(str(a.location))
+        if k not in seen:
+            seen.add(k)
+            lines.append(f"  constraint {k} -> {format_spec(a.spec)}" + (f" ({a.reason})" if a.reason else ""))
+    if d.rejected:
+        lines.append(f"  best rejected: {d.rejected}, {ms(d.rejected_cost)} ms per forward"
+                     + (f"; the whole plan would be {v.plan_delta_ms:+.3f} ms per forward" if v.plan_delta_ms is not None else ""))
+    if v.options:
+        lines.append("  options priced (ms per forward): " + ", ".join(f"{n}={t:.3f}" + (" *" if n == d.strategy else "") for n, t in v.options))
+    for x in v.excluded:
+        lines.append(f"  excluded: {x}")
+    for x in v.other:
+        lines.append(f"  note: {x}")
+    return "\n".join(lines)

@@ -1,0 +1,154 @@
+"""plan.md: the plan as a person reads it, in the spirit of the seed's hand-written design note.
+
+Sections, in order: a header table (model, mesh, hardware, solver, predicted time with its
+compute/comm split and roofline, memory, parallelism, the per-block collective bill); the decisions
+with their best rejected alternative; one block op by op (weights, activation state in -> out,
+constraint, collective, bytes, µs); what runs once per forward; the collectives; and a "why"
+section per decision. Deterministic for the same plan.json (goldens: tests/test_report.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+from wancompile.report.model import Report, human_bytes, human_flops, ms, us
+
+
+def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        out.append("| " + " | ".join(str(c).replace("|", "\\|") for c in r) + " |")
+    return out
+
+
+def header_rows(rep: Report) -> list[tuple[str, str]]:
+    p, mesh = rep.plan, rep.plan.mesh
+    hw = rep.hardware
+    s, pr = p.solver, p.predicted
+    rows = [("model", p.model + (f" — {rep.num_blocks} blocks" if rep.num_blocks else "")
+             + (f", {rep.trace['tokens']} tokens per forward" if rep.trace else ""))]
+    rows.append(("mesh", f"{mesh} = {mesh.size} devices; axes " + " × ".join(f"{a} ({n})" for a, n in zip(mesh.axis_names, mesh.shape))))
+    rows.append(("hardware", (f"{hw.name}: {hw.description}" if hw else p.hardware or "—")))
+    solver = f"{s.status}"
+    if s.status not in ("hand-written", "none"):
+        solver += f" in {s.seconds:.2f} s, gap {s.gap:.2%}, objective {s.objective * 1e3:.3f} ms, {s.variables} variables, {s.constraints} constraints"
+    rows.append(("solver", solver))
+    if pr.step_seconds:
+        share = lambda x: f"{100 * x / pr.step_seconds:.0f} %"  # noqa: E731
+        rows.append(("predicted per forward", f"{ms(pr.step_seconds)} ms = compute {ms(pr.compute_seconds)} ms ({share(pr.compute_seconds)}) "
+                     f"+ comm {ms(pr.comm_seconds)} ms ({share(pr.comm_seconds)}), no overlap assumed"))
+        flops = rep.flops_per_forward()
+        if hw is not None and flops:
+            bound = flops / (float(hw.peak_flops) * float(hw.efficiency))
+            rows.append(("roofline", f"{human_flops(flops)} per device per forward; at {float(hw.peak_flops) / 1e12:.0f} TFLOP/s × "
+                         f"{float(hw.efficiency):.0%} that is {(f'{bound * 1e3:.1f} ms' if bound >= 1e-3 else f'{bound * 1e6:.3g} µs')}, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
+                         "(memory-bound ops and launch floors make up the rest)"))
+    if pr.memory_bytes_per_device:
+        cap = f" of {float(hw.dram_bytes) / 1e9:.0f} GB ({100 * pr.memory_bytes_per_device / float(hw.dram_bytes):.1f} %)" if hw else ""
+        rows.append(("memory per device", f"{pr.memory_bytes_per_device / 1e9:.4g} GB{cap}: weights + 3× the largest live activation set"))
+    rows.append(("parallelism", rep.parallelism()))
+    bill = rep.bill()
+    rows.append(("collectives per block", f"{bill.headline()} ({bill.breakdown()})" if bill.entries else "none"))
+    sharded = len(p.sharded_params())
+    rows.append(("parameters", f"{len(p.params)} ({sharded} sharded); {len(p.activations)} activation constraints"))
+    return rows
+
+
+def render_markdown(rep: Report) -> str:
+    p = rep.plan
+    lines = [f"# Sharding plan: {p.model} on {p.mesh} ({', '.join(p.mesh.axis_names)})", ""]
+    lines += _table(("plan", "value"), header_rows(rep))
+    n = rep.num_blocks
+
+    views = rep.decisions()
+    if views:
+        lines += ["", "## Decisions", ""]
+        lines += _table(("where", "chosen", "cost ms/forward", "best rejected", "its cost", "plan Δ if rejected"),
+                        ((v.where, f"**{v.decision.strategy}**", ms(v.decision.cost), v.decision.rejected or "—",
+                          ms(v.decision.rejected_cost), f"{v.plan_delta_ms:+.3f} ms" if v.plan_delta_ms is not None else "—")
+                         for v in views))
+
+    if rep.trace:
+        lines += ["", f"## One block, op by op (`blocks.*`, ×{n})", "",
+                  "State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); "
+                  "`+P(model)`: partial sums over `model`. µs = predicted compute + collectives of the op, per block.", ""]
+        lines += _op_table(rep.table_rows("block"))
+        seg = {s: (t, c, m) for s, t, c, m in rep.segment_costs()}
+        t, c, m = seg["block"]
+        lines += ["", f"Block total: {us(c + m)} µs (compute {us(c)} µs + comm {us(m)} µs) × {n} blocks = {ms((c + m) * n)} ms per forward."]
+        bill = rep.bill()
+        if bill.entries:
+            lines += ["", f"**Collective bill per block: {bill.headline()}**", ""]
+            lines += _table(("collective", "axes", "bytes per call", "per block", "size", "where"),
+                            ((e.kind, "+".join(e.axes), human_bytes(e.bytes), f"{e.per_block:g}", "small" if e.small else "big", e.where)
+                             for e in bill.entries))
+        once = [r for r in rep.rows("prologue") + rep.rows("epilogue") if r["collectives"] or r["constraint"]]
+        if once:
+            lines += ["", "## Once per forward (before and after the block stack)", ""]
+            lines += _op_table(once)
+            pc, pm = seg["prologue"][1:], seg["epilogue"][1:]
+            lines += ["", f"Prologue {us(sum(pc))} µs, epilogue {us(sum(pm))} µs (compute + comm)."]
+
+    if p.collectives:
+        lines += ["", "## Predicted collectives per forward", ""]
+        lines += _table(("collective", "axes", "bytes per call", "calls", "µs per call", "where"),
+                        ((c.kind, "+".join(c.axes), human_bytes(c.bytes), str(c.count),
+                          us(s) if (s := rep.collective_seconds(c)) is not None else "—", c.where) for c in p.collectives))
+
+    if views:
+        lines += ["", "## Why", ""]
+        for v in views:
+            lines += _why(rep, v)
+    if p.solver.status == "hand-written":
+        lines += ["", "## Why", "", "Hand-written plan: no alternatives were priced. Compare it with an auto plan with "
+                  "`wancompile diff HAND/plan.json AUTO/plan.json`."]
+
+    extra = [*(f"- guard: `{g}`" for g in p.guards), *(f"- rewrite `{r.name}`: {r.count} site(s)" for r in p.rewrites if r.count),
+             *(f"- {x}" for x in p.notes)]
+    if extra:
+        lines += ["", "## Notes", ""] + extra
+    text = "\n".join(lines).rstrip() + "\n"
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text
+
+
+def _op_table(rows: list[dict]) -> list[str]:
+    def coll(r: dict) -> str:
+        return "<br>".join(f"{c['kind']} on {'+'.join(c['axes'])}" for c in r["collectives"]) or "—"
+
+    def nbytes(r: dict) -> str:
+        return "<br>".join(human_bytes(c["bytes"]) for c in r["collectives"]) or "—"
+
+    def state_in(r: dict) -> str:
+        return "<br>".join(dict.fromkeys(r["in"])) or "—"
+
+    return _table(("op", "weights", "state in", "state out", "constraint", "collective", "bytes", "µs"),
+                  ((f"`{r['loc']}`", r["weight"] or "—", state_in(r), r["out"], f"`{r['constraint']}`" if r["constraint"] else "—",
+                    coll(r), nbytes(r), us(r["compute_s"] + sum(c["seconds"] for c in r["collectives"]))) for r in rows))
+
+
+def _why(rep: Report, v) -> list[str]:
+    d = v.decision
+    out = [f"### {v.where}: {d.strategy}", ""]
+    out.append(f"- **chosen** `{d.strategy}`: {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else ""))
+    if d.rejected:
+        line = f"- **best rejected** `{d.rejected}`: {ms(d.rejected_cost)} ms per forward"
+        if v.plan_delta_ms is not None:
+            line += f"; forcing it off the chosen option makes the whole plan {v.plan_delta_ms:+.3f} ms per forward"
+            if d.rejected_cost is not None and d.rejected_cost < d.cost:
+                line += " (cheaper on its own, dearer in context: stream reshards or the memory budget)"
+        out.append(line)
+    rest = [(name, t) for name, t in v.options if name not in (d.strategy, d.rejected)]
+    if rest:
+        out.append("- other options priced: " + ", ".join(f"`{name}` {t:.3f} ms" for name, t in rest))
+    if v.excluded:
+        out.append("- excluded: " + "; ".join(v.excluded))
+    for x in v.other:
+        out.append(f"- {x}")
+    rows = [r for r in rep.rows() if r["group"] == v.key and r["collectives"]]
+    if rows:
+        out.append("- collectives it implies (per call): " + ", ".join(
+            f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])} at `{r['loc']}`" for r in rows for c in r["collectives"]))
+    out.append("")
+    return out

@@ -1,0 +1,160 @@
+"""The per-op trace of a plan: what every op of one block sees and costs under the plan.
+
+`plan.json` says *what* is sharded (parameter specs, activation constraints) and what the plan
+predicts in total; the reports also show *where* the state of the token stream changes, which op
+pays which collective, and how long each op takes. That needs the captured graph, so the trace is
+computed when the graph is at hand (``wancompile plan``, the backend's ``dump_dir``) and saved in
+plan.json under ``"report"`` (an optional section; `planner.plan.Plan` ignores it), so that
+``plan.md``, ``plan.html`` and ``wancompile explain`` can be produced later from the file alone.
+
+How: the planner's own propagation engine (`planner.propagate.evaluate`) runs once per op, in graph
+order, with the plan's parameter specs as boundary layouts and its activation constraints forced
+after their ops — exactly how `planner.autoplan.price_plan` prices a plan, kept per op. Rows hold
+strings and numbers only:
+
+    {"loc": "blocks.*.attn1.to_k:linear#0", "segment": "block", "group": "attn1", "op": "linear",
+     "weight": "(model, -)", "in": ["1 × 24/batch × 64"], "out": "1 × 24/batch × 16/model",
+     "constraint": "(-, batch, model)", "collectives": [...], "compute_s": 1.2e-05}
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Optional
+
+from planner.graph import Graph, Node, TensorMeta
+from planner.hardware import HardwareProfile, get_profile
+from planner.mesh import MeshSpec, format_spec
+from planner.placements import Layout
+from planner.plan import Plan
+from planner.propagate import evaluate
+from planner.strategies import find_structure
+
+TRACE_VERSION = 1
+
+# Ops a reader looks for in the block table even when they move no data (the seed's rows).
+KERNELS = frozenset({"linear", "scaled_dot_product_attention", "layer_norm", "rms_norm", "conv3d", "conv2d",
+                     "matmul", "bmm", "baddbmm", "group_norm", "native_layer_norm"})
+
+
+def generic(where: str) -> str:
+    """``blocks.7.attn1:linear#0`` -> ``blocks.*.attn1:linear#0`` (one row stands for every block)."""
+    return re.sub(r"^blocks\.\d+", "blocks.*", where)
+
+
+def show_state(meta: TensorMeta, layout: Optional[Layout]) -> str:
+    """Shape with the mesh axes that split each dim: ``1 × 48/batch × 64``; partial sums as ``+P(model)``."""
+    if layout is None:
+        layout = Layout.replicated(len(meta.shape))
+    parts = []
+    for n, axes in zip(meta.shape, layout.dims):
+        parts.append(f"{n}" + (f"/{'·'.join(axes)}" if axes else ""))
+    return " × ".join(parts) + (f" +P({'·'.join(layout.partial)})" if layout.partial else "") if parts else "scalar"
+
+
+def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *,
+               num_blocks: Optional[int] = None) -> dict[str, Any]:
+    """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    st = find_structure(graph)
+    n_blocks = num_blocks or _block_count(plan) or st.captured_blocks
+    mesh = plan.mesh
+    by_loc = graph.by_location()
+    forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
+    constraint_spec = {by_loc[a.location].name: a.spec for a in plan.activations if a.location in by_loc}
+    layouts: dict[str, tuple[Layout, ...]] = {p.name: (Layout.from_spec(plan.params[p.param]),)
+                                              for p in graph.params() if p.param in plan.params}
+    block_root = _block_root(graph)
+    macro_of = {x: m.name for m in st.block_macros for x in m.nodes}
+    root_macro_of = {x: m.name for m in st.root_macros for x in m.nodes}
+    rows: list[dict[str, Any]] = []
+    for node in graph:
+        if node.op in ("placeholder", "output"):
+            continue
+        ev = evaluate(graph, [node], mesh, hw, boundary=layouts, forced=forced)
+        layouts[node.name] = ev.layouts.get(node.name, tuple(Layout.replicated(len(m.shape)) for m in node.outputs))
+        if node.block not in (None, 0):
+            continue  # blocks share their decisions: block 0 stands for all
+        segment = "block" if node.block == 0 else ("prologue" if node.name in set(st.prologue) else "epilogue")
+        rows.append(_row(graph, node, layouts, ev, segment, block_root, macro_of, root_macro_of, constraint_spec, plan))
+    return {
+        "version": TRACE_VERSION,
+        "hardware": hw.name,
+        "blocks": n_blocks,
+        "captured_blocks": st.captured_blocks,
+        "tokens": str(st.tokens),
+        "block_module": block_root.get(0, "blocks.0"),
+        "params": {p.param: {"shape": [_dim(d) for d in p.out.shape], "dtype": p.out.dtype, "block": p.block}
+                   for p in graph.params() if p.block in (None, 0)},
+        "ops": rows,
+    }
+
+
+def _row(graph: Graph, node: Node, layouts, ev, segment: str, block_root: dict, macro_of: dict, root_macro_of: dict,
+         constraint_spec: dict, plan: Plan) -> dict[str, Any]:
+    weights, ins = [], []
+    for i in node.inputs:
+        src = graph[i]
+        if not src.outputs:
+            continue
+        lay = layouts.get(i, (None,))[0] if layouts.get(i) else None
+        if src.is_param:
+            weights.append(f"{src.param.rsplit('.', 1)[-1]} {format_spec(plan.params.get(src.param, (None,) * len(src.out.shape)))}")
+        else:
+            ins.append(show_state(src.out, lay))
+    out_lay = layouts[node.name][0] if layouts.get(node.name) else None
+    module = node.module
+    root = block_root.get(0, "")
+    rel = module[len(root) + 1:] if segment == "block" and module.startswith(root + ".") else ("" if segment == "block" else module)
+    group = macro_of.get(node.name) or root_macro_of.get(node.name) or (rel.split(".")[0] if rel else "") or segment
+    return {
+        "loc": generic(str(node.location)),
+        "segment": segment,
+        "group": group,
+        "module": generic(module),
+        "op": node.op,
+        "kernel": node.op in KERNELS,
+        "weight": "; ".join(weights),
+        "in": ins,
+        "out": show_state(node.out, out_lay) if node.outputs else "",
+        "constraint": format_spec(constraint_spec[node.name]) if node.name in constraint_spec else "",
+        "module_output": _is_module_output(graph, node),
+        "collectives": [{"kind": e.kind, "axes": list(e.axes), "bytes": int(e.bytes), "reason": e.reason,
+                         "seconds": e.seconds} for e in ev.events],
+        "compute_s": ev.compute_seconds,
+        "flops": ev.flops,
+    }
+
+
+def _is_module_output(graph: Graph, node: Node) -> bool:
+    """True when the op's value is what its module returns (the last op of that module, used
+    outside it): a forward hook on the module sees exactly this tensor."""
+    if not node.module:
+        return False
+    same = [n for n in graph if n.module == node.module and n.op not in ("placeholder", "output")]
+    if not same or same[-1].name != node.name:
+        return False
+    return all(u.module != node.module for u in graph.users(node.name))
+
+
+def _block_root(graph: Graph) -> dict[int, str]:
+    out: dict[int, str] = {}
+    for n in graph:
+        if n.block is not None and n.op != "placeholder":
+            cand = n.module
+            if n.block not in out or len(cand) < len(out[n.block]):
+                out[n.block] = cand
+    return out
+
+
+def _block_count(plan: Plan) -> int:
+    idx = {int(m.group(1)) for p in plan.params for m in [re.match(r"^blocks\.(\d+)\.", p)] if m}
+    return max(idx) + 1 if idx else 0
+
+
+def _dim(d: Any) -> Any:
+    return d if isinstance(d, int) else str(d)
+
+
+def mesh_of(plan: Plan) -> MeshSpec:
+    return plan.mesh
