@@ -109,23 +109,23 @@ def test_auto_plan_md_golden(auto_dir):
 | model | tiny -- 2 blocks, 48 tokens per forward |
 | mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
 | hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
-| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.480 ms, 113 variables, 49 constraints |
-| predicted per forward | 0.480 ms = compute 0.324 ms (68 %) + comm 0.156 ms (32 %), no overlap assumed |
-| roofline | 4.09 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0456 us, so compute is 7105.8x its FLOP bound (memory-bound ops and launch floors make up the rest) |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 113 variables, 49 constraints |
+| predicted per forward | 0.478 ms = compute 0.324 ms (68 %) + comm 0.154 ms (32 %), no overlap assumed |
+| roofline | 3.97 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0443 us, so compute is 7311.0x its FLOP bound (memory-bound ops and launch floors make up the rest) |
 | memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
 | parallelism | SP: tokens over batch (2); TP: none in self-attention |
 | collectives per block | 7 big + 0 small (6 all-gather on batch, 1 all-reduce on model) |
-| parameters | 71 (17 sharded); 10 activation constraints |
+| parameters | 71 (17 sharded); 24 activation constraints |
 
 ## Decisions
 
-| where | chosen | cost ms/forward | best rejected | its cost | plan delta if rejected |
+| where | chosen | plan with it, ms/forward | best rejected | best plan without it | delta |
 |---|---|---|---|---|---|
-| blocks.*.attn1 (x2) | **SP(batch)+KV-gather+FSDP** | 0.228 | SP(model)+KV-gather+FSDP | 0.279 | +0.012 ms |
-| blocks.*.attn2 (x2) | **SP(batch)** | 0.112 | SP(model) | 0.112 | +0.012 ms |
-| blocks.*.ffn (x2) | **Megatron(model)+SP(batch)** | 0.097 | Megatron(model)+SP(batch)+FSDP | 0.123 | +0.011 ms |
-| condition_embedder.time_embedder | **Megatron(batch)** | 0.029 | replicated | 0.014 | +0.000 ms |
-| condition_embedder.text_embedder | **replicated** | 0.014 | Megatron(batch) | 0.029 | +0.000 ms |
+| blocks.*.attn1 (x2) | **SP(batch)+KV-gather** | 0.478 | SP(batch)+KV-gather+FSDP | 0.480 | +0.001 ms |
+| blocks.*.attn2 (x2) | **SP(batch)+FSDP** | 0.478 | SP(batch) | 0.480 | +0.001 ms |
+| blocks.*.ffn (x2) | **Megatron(model)+SP(batch)** | 0.478 | SP(model)+FSDP | 0.488 | +0.010 ms |
+| condition_embedder.time_embedder | **Megatron(batch)** | 0.478 | replicated | 0.479 | +0.000 ms |
+| condition_embedder.text_embedder | **replicated** | 0.478 | Megatron(batch) | 0.479 | +0.000 ms |
 
 ## One block, op by op (`blocks.*`, x2)
 
@@ -134,45 +134,47 @@ State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 s
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
 | `blocks.*.norm1:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_q:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | all-gather on batch | 8.0 KiB | 13.7 |
-| `blocks.*.attn1.to_k:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
-| `blocks.*.attn1.to_v:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn1.to_q:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_k:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 7.0 |
+| `blocks.*.attn1.to_v:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 7.0 |
 | `blocks.*.attn1.norm_q:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
 | `blocks.*.attn1.norm_k:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
 | `blocks.*.attn1:permute#1` | -- | 1 x 48/batch x 4 x 16 | 1 x 4 x 48 x 16 | `(-, -, -, -)` | all-gather on batch | 6.0 KiB | 6.6 |
 | `blocks.*.attn1:permute#2` | -- | 1 x 48/batch x 4 x 16 | 1 x 4 x 48 x 16 | `(-, -, -, -)` | all-gather on batch | 6.0 KiB | 6.6 |
 | `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48/batch x 16<br>1 x 4 x 48 x 16 | 1 x 4 x 48/batch x 16 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
 | `blocks.*.norm2:layer_norm#0` | -- | 1 x 48/batch x 64<br>64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_q:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_k:linear#0` | weight (-, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_v:linear#0` | weight (-, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_q:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn2.to_k:linear#0` | weight (batch, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | `(-, -, -)` | all-gather on batch | 896 B | 13.4 |
+| `blocks.*.attn2.to_v:linear#0` | weight (batch, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | `(-, -, -)` | all-gather on batch | 896 B | 13.4 |
 | `blocks.*.attn2.norm_q:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
 | `blocks.*.attn2.norm_k:rms_norm#0` | weight (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
 | `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48/batch x 16<br>1 x 4 x 7 x 16 | 1 x 4 x 48/batch x 16 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
 | `blocks.*.norm3:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 96/model | -- | -- | -- | 7.0 |
-| `blocks.*.ffn.net.2:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 96/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 96/model | `(-, batch, model)` | -- | -- | 7.0 |
+| `blocks.*.ffn.net.2:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 96/model | 1 x 48/batch x 64 | `(-, batch, -)` | all-reduce on model | 3.0 KiB | 34.0 |
 
-Block total: 201.1 us (compute 133.9 us + comm 67.1 us) x 2 blocks = 0.402 ms per forward.
+Block total: 200.4 us (compute 133.9 us + comm 66.5 us) x 2 blocks = 0.401 ms per forward.
 
 **Collective bill per block: 7 big + 0 small**
 
 | collective | axes | bytes per call | per block | size | where |
 |---|---|---|---|---|---|
-| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_k:linear#0 |
-| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_q:linear#0 |
-| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn1.to_v:linear#0 |
 | all-gather | batch | 6.0 KiB | 1 | big | blocks.*.attn1:permute#1 |
 | all-gather | batch | 6.0 KiB | 1 | big | blocks.*.attn1:permute#2 |
+| all-gather | batch | 896 B | 1 | big | blocks.*.attn2.to_k:linear#0 |
+| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn2.to_out.0:linear#0 |
+| all-gather | batch | 8.0 KiB | 1 | big | blocks.*.attn2.to_q:linear#0 |
+| all-gather | batch | 896 B | 1 | big | blocks.*.attn2.to_v:linear#0 |
 | all-reduce | model | 3.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |
 
 ## Once per forward (before and after the block stack)
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
+| `rope:reshape#0` | -- | 3 x 4 x 4 x 16 | 1 x 48 x 1 x 16 | `(-, -, -, -)` | -- | -- | 0.0 |
+| `rope:reshape#1` | -- | 3 x 4 x 4 x 16 | 1 x 48 x 1 x 16 | `(-, -, -, -)` | -- | -- | 0.0 |
 | `:contiguous#0` | -- | 1 x 48 x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 0.0 |
 | `condition_embedder.time_embedder.linear_2:linear#0` | weight (-, batch); bias (-) | 1 x 64/batch | 1 x 64 | -- | all-reduce on batch | 128 B | 21.9 |
 | `proj_out:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48 x 16 | `(-, -, -)` | all-gather on batch | 1.5 KiB | 13.4 |
@@ -183,59 +185,73 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 
 | collective | axes | bytes per call | calls | us per call | where |
 |---|---|---|---|---|---|
-| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_k:linear#0 |
-| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_q:linear#0 |
-| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn1.to_v:linear#0 |
 | all-gather | batch | 6.0 KiB | 2 | 6.6 | blocks.*.attn1:permute#1 |
 | all-gather | batch | 6.0 KiB | 2 | 6.6 | blocks.*.attn1:permute#2 |
+| all-gather | batch | 896 B | 2 | 6.4 | blocks.*.attn2.to_k:linear#0 |
+| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn2.to_out.0:linear#0 |
+| all-gather | batch | 8.0 KiB | 2 | 6.7 | blocks.*.attn2.to_q:linear#0 |
+| all-gather | batch | 896 B | 2 | 6.4 | blocks.*.attn2.to_v:linear#0 |
 | all-reduce | model | 3.0 KiB | 2 | 27.0 | blocks.*.ffn.net.2:linear#0 |
 | all-reduce | batch | 128 B | 1 | 14.9 | condition_embedder.time_embedder.linear_2:linear#0 |
 | all-gather | batch | 1.5 KiB | 1 | 6.4 | proj_out:linear#0 |
 
 ## Why
 
-### blocks.*.attn1 (x2): SP(batch)+KV-gather+FSDP
+### blocks.*.attn1 (x2): SP(batch)+KV-gather
 
-- **chosen** `SP(batch)+KV-gather+FSDP`: 0.228 ms per forward; 0.00 GB weights/device (weights sharded for memory)
-- **best rejected** `SP(model)+KV-gather+FSDP`: 0.279 ms per forward; forcing it off the chosen option makes the whole plan +0.012 ms per forward
-- other options priced: `replicated` 0.142 ms, `SP(batch)+KV-gather` 0.174 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms
+- **chosen** `SP(batch)+KV-gather`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
+- **best rejected** `SP(batch)+KV-gather+FSDP`: the best plan with it instead costs 0.480 ms per forward (+0.001 ms)
+- other options priced: `replicated` 0.142 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
-- collectives it implies (per call): all-gather on batch 8.0 KiB at `blocks.*.attn1.to_q:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn1.to_k:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn1.to_v:linear#0`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#1`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#2`, all-gather on batch 8.0 KiB at `blocks.*.attn1.to_out.0:linear#0`
+- plan total 0.478 ms per forward (SP(batch)+KV-gather: 0.174 ms of it)
+- next best: SP(batch)+KV-gather+FSDP, plan total 0.480 ms (+0.001 ms: this macro +0.054 ms, stream-layout edges +0.000 ms, other macros -0.053 ms (attn2 -> SP(batch)))
+- replicated is cheaper on its own (0.142 ms) but its best plan totals 0.488 ms: this macro -0.032 ms, stream-layout edges +0.021 ms, other macros +0.021 ms (attn2 -> SP(model)+FSDP, ffn -> SP(model)+FSDP)
+- collectives it implies (per call): all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#1`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#2`
 
-### blocks.*.attn2 (x2): SP(batch)
+### blocks.*.attn2 (x2): SP(batch)+FSDP
 
-- **chosen** `SP(batch)`: 0.112 ms per forward; 0.00 GB weights/device
-- **best rejected** `SP(model)`: 0.112 ms per forward; forcing it off the chosen option makes the whole plan +0.012 ms per forward (cheaper on its own, dearer in context: stream reshards or the memory budget)
-- other options priced: `SP(batchxmodel)` 0.112 ms, `replicated` 0.113 ms, `SP(batch)+FSDP` 0.195 ms, `head-TP(batch)+SP(model)` 0.202 ms
+- **chosen** `SP(batch)+FSDP`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device (weights sharded for memory)
+- **best rejected** `SP(batch)`: the best plan with it instead costs 0.480 ms per forward (+0.001 ms)
+- other options priced: `SP(batchxmodel)` 0.112 ms, `SP(model)` 0.112 ms, `replicated` 0.113 ms, `SP(model)+FSDP` 0.196 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
+- plan total 0.478 ms per forward (SP(batch)+FSDP: 0.165 ms of it)
+- next best: SP(batch), plan total 0.480 ms (+0.001 ms: this macro -0.053 ms, stream-layout edges +0.000 ms, other macros +0.054 ms (attn1 -> SP(batch)+KV-gather+FSDP to fit the memory budget))
+- SP(batchxmodel) is cheaper on its own (0.112 ms) but its best plan totals 0.506 ms: this macro -0.053 ms, stream-layout edges +0.021 ms, other macros +0.060 ms (attn1 -> SP(batch)+KV-gather+FSDP, ffn -> SP(batchxmodel)+FSDP, condition_embedder.time_embedder -> replicated)
+- collectives it implies (per call): all-gather on batch 8.0 KiB at `blocks.*.attn2.to_q:linear#0`, all-gather on batch 896 B at `blocks.*.attn2.to_k:linear#0`, all-gather on batch 896 B at `blocks.*.attn2.to_v:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn2.to_out.0:linear#0`
 
 ### blocks.*.ffn (x2): Megatron(model)+SP(batch)
 
-- **chosen** `Megatron(model)+SP(batch)`: 0.097 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(model)+SP(batch)+FSDP`: 0.123 ms per forward; forcing it off the chosen option makes the whole plan +0.011 ms per forward
+- **chosen** `Megatron(model)+SP(batch)`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
+- **best rejected** `SP(model)+FSDP`: the best plan with it instead costs 0.488 ms per forward (+0.010 ms)
 - other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `SP(batch)+FSDP` 0.070 ms, `Megatron(batch)+SP(model)` 0.072 ms
+- plan total 0.478 ms per forward (Megatron(model)+SP(batch): 0.097 ms of it)
+- next best: SP(model)+FSDP, plan total 0.488 ms (+0.010 ms: this macro -0.010 ms, stream-layout edges +0.021 ms, other macros -0.001 ms (attn1 -> replicated, attn2 -> SP(model)+FSDP))
+- SP(batchxmodel) is cheaper on its own (0.042 ms) but its best plan totals 0.499 ms: this macro -0.054 ms, stream-layout edges +0.021 ms, other macros +0.054 ms (attn1 -> SP(batch)+KV-gather+FSDP)
 - collectives it implies (per call): all-reduce on model 3.0 KiB at `blocks.*.ffn.net.2:linear#0`
 
 ### condition_embedder.time_embedder: Megatron(batch)
 
-- **chosen** `Megatron(batch)`: 0.029 ms per forward; 0.00 GB weights/device
-- **best rejected** `replicated`: 0.014 ms per forward; forcing it off the chosen option makes the whole plan +0.000 ms per forward (cheaper on its own, dearer in context: stream reshards or the memory budget)
+- **chosen** `Megatron(batch)`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
+- **best rejected** `replicated`: the best plan with it instead costs 0.479 ms per forward (+0.000 ms)
 - other options priced: `Megatron(model)` 0.041 ms, `Megatron(batchxmodel)` 0.064 ms
+- plan total 0.478 ms per forward (Megatron(batch): 0.029 ms of it)
+- next best: replicated, plan total 0.479 ms (+0.000 ms: this macro -0.015 ms, stream-layout edges +0.000 ms, other macros +0.015 ms (condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget))
 - collectives it implies (per call): all-reduce on batch 128 B at `condition_embedder.time_embedder.linear_2:linear#0`
 
 ### condition_embedder.text_embedder: replicated
 
-- **chosen** `replicated`: 0.014 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(batch)`: 0.029 ms per forward; forcing it off the chosen option makes the whole plan +0.000 ms per forward
+- **chosen** `replicated`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.479 ms per forward (+0.000 ms)
 - other options priced: `Megatron(model)` 0.041 ms, `Megatron(batchxmodel)` 0.064 ms
+- plan total 0.478 ms per forward (replicated: 0.014 ms of it)
+- next best: Megatron(batch), plan total 0.479 ms (+0.000 ms: this macro +0.015 ms, stream-layout edges +0.000 ms, other macros -0.015 ms (condition_embedder.time_embedder -> replicated))
 
 ## Notes
 
 - guard: `48 % 64 == 0 (32-token tiles per device; otherwise pad)`
 - planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name
 - predicted time = compute + comm, no overlap assumed; 1 weight set(s) resident
-- memory forces weight sharding: attn1 SP(batch)+KV-gather+FSDP
+- memory forces weight sharding: attn2 SP(batch)+FSDP
 """)
 
 

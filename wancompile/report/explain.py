@@ -95,7 +95,7 @@ def _coll(r: dict) -> str:
 
 def _explain_decision(rep: Report, v: DecisionView) -> str:
     d = v.decision
-    lines = [f"{v.where}: {d.strategy}", f"  cost: {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else "")]
+    lines = [f"{v.where}: {d.strategy}", f"  cost: the best plan with it, {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else "")]
     rows = [r for r in rep.rows() if r["group"] == v.key]
     colls = [(r, c) for r in rows for c in r["collectives"]]
     if colls:
@@ -116,8 +116,8 @@ def _explain_decision(rep: Report, v: DecisionView) -> str:
             seen.add(k)
             lines.append(f"  constraint {k} -> {format_spec(a.spec)}" + (f" ({a.reason})" if a.reason else ""))
     if d.rejected:
-        lines.append(f"  best rejected: {d.rejected}, {ms(d.rejected_cost)} ms per forward"
-                     + (f"; the whole plan would be {v.plan_delta_ms:+.3f} ms per forward" if v.plan_delta_ms is not None else ""))
+        lines.append(f"  best rejected: {d.rejected}, the best plan with it instead {ms(d.rejected_cost)} ms per forward"
+                     + (f" ({v.plan_delta_ms:+.3f} ms)" if v.plan_delta_ms is not None else ""))
     if v.options:
         lines.append("  options priced (ms per forward): " + ", ".join(f"{n}={t:.3f}" + (" *" if n == d.strategy else "") for n, t in v.options))
     for x in v.excluded:

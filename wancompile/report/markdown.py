@@ -63,7 +63,7 @@ def render_markdown(rep: Report) -> str:
     views = rep.decisions()
     if views:
         lines += ["", "## Decisions", ""]
-        lines += _table(("where", "chosen", "cost ms/forward", "best rejected", "its cost", "plan Δ if rejected"),
+        lines += _table(("where", "chosen", "plan with it, ms/forward", "best rejected", "best plan without it", "Δ"),
                         ((v.where, f"**{v.decision.strategy}**", ms(v.decision.cost), v.decision.rejected or "—",
                           ms(v.decision.rejected_cost), f"{v.plan_delta_ms:+.3f} ms" if v.plan_delta_ms is not None else "—")
                          for v in views))
@@ -131,13 +131,12 @@ def _op_table(rows: list[dict]) -> list[str]:
 def _why(rep: Report, v) -> list[str]:
     d = v.decision
     out = [f"### {v.where}: {d.strategy}", ""]
-    out.append(f"- **chosen** `{d.strategy}`: {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else ""))
+    out.append(f"- **chosen** `{d.strategy}`: the best plan with it costs {ms(d.cost)} ms per forward"
+               + (f"; {v.memory}" if v.memory else ""))
     if d.rejected:
-        line = f"- **best rejected** `{d.rejected}`: {ms(d.rejected_cost)} ms per forward"
+        line = f"- **best rejected** `{d.rejected}`: the best plan with it instead costs {ms(d.rejected_cost)} ms per forward"
         if v.plan_delta_ms is not None:
-            line += f"; forcing it off the chosen option makes the whole plan {v.plan_delta_ms:+.3f} ms per forward"
-            if d.rejected_cost is not None and d.rejected_cost < d.cost:
-                line += " (cheaper on its own, dearer in context: stream reshards or the memory budget)"
+            line += f" ({v.plan_delta_ms:+.3f} ms)"
         out.append(line)
     rest = [(name, t) for name, t in v.options if name not in (d.strategy, d.rejected)]
     if rest:

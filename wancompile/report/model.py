@@ -87,15 +87,15 @@ class DecisionView:
 
 
 def parse_decision(d: Decision) -> DecisionView:
-    """Read the planner's decision note (``next best plan is +x ms per forward; excluded: ...;
-    options (ms per forward): a=1.0, b=2.0; 1.2 GB weights/device``); unknown parts are kept verbatim."""
+    """A decision for display. ``cost``/``rejected_cost`` are whole-plan totals per forward (the best
+    plan with the choice vs the best plan without it), so their difference is what the choice is
+    worth. The options priced on their own, the excluded ones and the weight memory are read from
+    the note (``excluded: ...; options on their own (ms per forward): a=1.0, b=2.0; 1.2 GB
+    weights/device``); other parts are kept verbatim."""
     note = d.note or ""
-    delta = None
-    m = re.search(r"next best plan is ([+-]?[\d.]+) ms per forward", note)
-    if m:
-        delta = float(m.group(1))
+    delta = (d.rejected_cost - d.cost) * 1e3 if d.rejected_cost is not None and d.rejected else None
     options: list[tuple[str, float]] = []
-    m = re.search(r"options \(ms per forward\): (.*?)(?:; (?=\d[\d.]* GB)|$)", note)
+    m = re.search(r"options on their own \(ms per forward\): (.*?)(?:; (?=\d[\d.]* GB)|$)", note)
     if m:
         for part in m.group(1).split(", "):
             name, _, val = part.rpartition("=")
@@ -104,12 +104,12 @@ def parse_decision(d: Decision) -> DecisionView:
             except ValueError:
                 pass
     excluded: tuple[str, ...] = ()
-    m = re.search(r"excluded: (.*?); options \(", note)
+    m = re.search(r"excluded: (.*?); options on their own \(", note)
     if m:
         excluded = tuple(dict.fromkeys(x.strip() for x in m.group(1).split("; ") if x.strip()))
     m = re.search(r"([\d.]+ GB weights/device[^;]*)", note)
     memory = m.group(1) if m else ""
-    known = re.compile(r"^(next best plan is|excluded:|options \(ms per forward\)|[\d.]+ GB weights/device)")
+    known = re.compile(r"^(excluded:|options on their own \(ms per forward\)|[\d.]+ GB weights/device)")
     parts = [p.strip() for p in note.split("; ") if p.strip()]
     other = tuple(p for p in parts if not known.match(p) and p not in excluded)
     return DecisionView(d, delta, tuple(sorted(options, key=lambda o: o[1])), excluded, memory, other)
