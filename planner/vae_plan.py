@@ -254,7 +254,16 @@ def _attention_gather(graph: Graph, m: Macro, key: tuple) -> dict:
     qkv = next(n for n in nodes if n.op == "conv2d")
     normed = graph[qkv.inputs[0]]
     last = next(n for n in reversed(nodes) if n.outputs and len(n.out.shape) == 5)
-    return {normed.name: Layout.replicated(len(normed.out.shape)), last.name: stream_layout(key, last.out)}
+    # every value between the gather and the slice-back pinned whole: with only the gather pinned,
+    # GSPMD re-split the attention's internals on a 2-D (H, W) split (extra gathers, an all-reduce)
+    inner = [n for n in nodes if n.op in ("conv2d", "scaled_dot_product_attention")]
+    forced = {n.name: Layout.replicated(len(n.out.shape)) for n in [normed, *inner]}
+    forced[last.name] = stream_layout(key, last.out)
+    norm = next((n for n in nodes if n.op in ("normalize", "rms_norm") and len(n.out.shape) == 4), None)
+    if key[1] and key[2] and norm is not None and norm.name != normed.name:
+        # a 2-D split is gathered W first, then H (the order GSPMD chose, measured on 2x2)
+        forced[norm.name] = Layout(((), (), key[1], ()))
+    return forced
 
 
 def _attention_frames(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, why: list[str]) -> list[VaeStrategy]:
@@ -350,7 +359,7 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
             ``tail``, ``*`` for the rest) -> regular expression a strategy name must match
             (``ALL`` stands for every mesh axis of size > 1, joined by ``+``).
         preset: ``auto`` (the solver decides), ``spatial``, ``channel-megatron`` (the seed's hand
-            plan), ``replicated``; combined with `only` (which wins per key).
+            plan), ``replicated``; a strategy must satisfy both the preset and `only`.
 
     Raises:
         PlanError: no plan fits the memory budget, or `only` leaves a macro without a legal strategy
@@ -359,7 +368,7 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
     if preset not in PRESETS:
         raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
-    restrict = {**PRESETS[preset], **dict(only or {})}
+    restricts = [PRESETS[preset], dict(only or {})]
     ctx = _VaeCtx(graph, mesh, hw, dict(values or {}))
     groups: list[Group] = []
     tables: dict[str, list[VaeStrategy]] = {}
@@ -368,11 +377,12 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
     for gname, members in ctx.members.items():
         rep = members[0]
         opts, why = macro_strategies(graph, rep, mesh, ctx.crossing(rep))
-        kept = [s for s in opts if _matches(restrict, rep, s.name, mesh)]
+        kept = [s for s in opts if all(_matches(r, rep, s.name, mesh) for r in restricts)]
         if not kept:
+            wanted = [r.get(rep.name, r.get(rep.kind, r.get("*"))) for r in restricts]
             raise PlanError(
-                f"{rep.name} ({rep.kind}): no legal strategy matches the restriction "
-                f"{restrict.get(rep.name, restrict.get(rep.kind, restrict.get('*')))!r}; legal: "
+                f"{rep.name} ({rep.kind}): no legal strategy matches preset {preset!r} and only="
+                f"{[w for w in wanted if w]!r}; legal: "
                 + ", ".join(s.name for s in opts) + ("; excluded: " + "; ".join(dict.fromkeys(why)) if why else ""))
         why += [f"restricted: {s.name}" for s in opts if s not in kept]
         options = []

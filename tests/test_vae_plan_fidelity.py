@@ -30,6 +30,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tiny-wan2.1"
 LATENT = (1, 16, 3, 8, 8)  # (B, C, T, H, W): 8 x 8 splits evenly on 2 and 4 devices at every stage
 MESHES = {"2x2": 4, "2x4": 8}  # mesh -> devices
+# case -> plan_vae restriction: the solver's spatial plan, and a 2-D split (H over batch, W over model)
+CASES = {"spatial": {}, "2d": {"*": r"\(H:batch,W:model\)$"}}
 
 
 def _run(mesh: str) -> tuple[dict, str]:
@@ -41,17 +43,25 @@ def _run(mesh: str) -> tuple[dict, str]:
     proc = subprocess.run([sys.executable, __file__, mesh], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"VAE fidelity run on {mesh} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     rows = [json.loads(line[len("FIDELITY "):]) for line in proc.stdout.splitlines() if line.startswith("FIDELITY ")]
-    assert len(rows) == 1, proc.stdout[-3000:]
-    return rows[0], proc.stderr
+    assert len(rows) == len(CASES), proc.stdout[-3000:]
+    return rows, proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_spatial_vae_plan_compiles_to_its_predicted_collectives(mesh):
-    row, stderr = _run(mesh)
-    table = "\n".join(row["table"])
-    print(f"{mesh}: PCC {row['pcc']:.9f}, max-abs {row['max_abs']:.3g}\n{table}\n{json.dumps(row['strategies'], indent=1)}")
+    rows, stderr = _run(mesh)
     assert "Involuntary full rematerialization" not in stderr, stderr[-3000:]
+    for row in rows:
+        _check(row)
+    assert {s for s in rows[1]["strategies"].values()} <= {"spatial(H:batch,W:model)", "gather(H:batch,W:model)"}
+    axes = {tuple(m["axes"]) for m in rows[1]["matches"] if m["kind"] == "collective-permute"}
+    assert axes == {("batch",), ("model",)}, rows[1]["table"]  # halos on both split dims
+
+
+def _check(row: dict) -> None:
+    table = "\n".join(row["table"])
+    print(f"{row['mesh']} {row['case']}: PCC {row['pcc']:.9f}, max-abs {row['max_abs']:.3g}\n{table}\n{json.dumps(row['strategies'], indent=1)}")
     assert row["pcc"] >= 0.99999, (row["pcc"], row["max_abs"])
     # the plan is spatial: every residual block is split on H/W
     assert all(s.startswith("spatial") for k, s in row["strategies"].items() if ".resnets." in k), row["strategies"]
@@ -60,7 +70,9 @@ def test_spatial_vae_plan_compiles_to_its_predicted_collectives(mesh):
         assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(m["predicted_bytes"], m["observed_bytes"]), table
     kinds = {m["kind"] for m in row["matches"] if m["observed_count"]}
     assert "collective-permute" in kinds, table
-    assert row["permutes"] >= 4 * row["spatial_resblock_convs"], table  # 2 sides x 2 split dims per 3x3 conv
+    resblock = next(s for k, s in row["strategies"].items() if ".resnets." in k)
+    split_dims = sum(1 for part in re.findall(r"[HW]:([^,)]*)", resblock) if part != "-")
+    assert row["permutes"] >= 2 * split_dims * row["spatial_resblock_convs"], table  # 2 sides per split dim per 3x3 conv
     assert row["resblock_all_reduces"] == [], row["resblock_all_reduces"]
 
 
@@ -87,19 +99,27 @@ def _main(mesh: str) -> None:
     from planner.mesh import parse_mesh
     from planner.plan import save_plan
     from planner.vae_plan import plan_vae
-    from wancompile.backend import default_hardware, last_program
+    from wancompile.backend import default_hardware
     from wancompile.capture import annotate, capture_fx
-    from wancompile.vae.legalize import fold_conv_padding
-    from wancompile.hlo import KINDS
-    from wancompile.verify import compare_collectives, numerics
     from wancompile.vae.configs import build_vae
+    from wancompile.vae.legalize import fold_conv_padding
 
     vae = wvae.enable_full_t(build_vae(CONFIG))
     z = torch.randn(*LATENT, generator=torch.Generator().manual_seed(0))
     spec = parse_mesh(mesh)
     graph = annotate(fold_conv_padding(capture_fx(vae.decode, z))[0], model="wan-vae")
-    plan = plan_vae(graph, spec, default_hardware(spec), preset="spatial")
-    plan_path = save_plan(plan, dump / "plan.json")
+    for case, only in CASES.items():
+        plan = plan_vae(graph, spec, default_hardware(spec), preset="spatial", only=only)
+        _compile_and_check(vae, z, mesh, case, save_plan(plan, dump / f"{case}.plan.json"))
+
+
+def _compile_and_check(vae, z, mesh: str, case: str, plan_path: Path) -> None:
+    import torch
+
+    from wancompile.backend import last_program
+    from wancompile.hlo import KINDS
+    from wancompile.verify import compare_collectives, numerics
+
     torch._dynamo.reset()
     decode = torch.compile(vae.decode, backend="wan_autoshard", options={"mesh": mesh, "plan": str(plan_path)}, fullgraph=True)
     with torch.no_grad():
@@ -122,7 +142,7 @@ def _main(mesh: str) -> None:
             resblock_all_reduces.append(line.strip()[:200])
     spatial_convs = sum(1 for n in program.graph if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith(("conv1", "conv2")))
     row = {
-        "mesh": mesh, "pcc": result.pcc, "max_abs": result.max_abs,
+        "mesh": mesh, "case": case, "pcc": result.pcc, "max_abs": result.max_abs,
         "strategies": {d.node: d.strategy for d in program.plan.decisions},
         "matches": [{"kind": m.kind, "axes": list(m.axes), "predicted_count": m.predicted_count, "observed_count": m.observed_count,
                      "predicted_bytes": m.predicted_bytes, "observed_bytes": m.observed_bytes} for m in matches],
