@@ -51,6 +51,10 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
     model = _model_name(gm)
     gm, records = _rewrite(gm, mesh, opts)
+    if model == "wan-vae":  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
+        from wancompile.vae.legalize import fold_conv_padding
+
+        gm, _ = fold_conv_padding(gm)
     graph = annotate(gm, model=model)
     plan = _plan_for(graph, mesh, opts)
     if isinstance(opts.plan, Path):
@@ -106,6 +110,8 @@ def _start_runtime(opts: Options) -> None:
 
 
 def _model_name(gm: fx.GraphModule) -> str:
+    if any("decoder_modules_conv_in" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder"):
+        return "wan-vae"
     return "wan-dit" if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder") else "graph"
 
 
@@ -137,10 +143,13 @@ def default_hardware(mesh: MeshSpec) -> str:
 
 
 def solve(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
-    """A plan for `graph` on `mesh` without a saved plan: the planner's for a Wan DiT graph, else
-    replicated (logged)."""
+    """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
+    graph, the DiT planner's for a Wan DiT graph, else replicated (logged)."""
     from planner import plan_graph
+    from planner.vae_plan import is_vae_graph, plan_vae
 
+    if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
+        return plan_vae(graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model)
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)
         return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model)

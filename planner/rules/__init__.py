@@ -157,6 +157,6 @@ _LOADED = False
 def _load() -> None:
     global _LOADED
     if not _LOADED:
-        from planner.rules import attention, conv, index, matmul, norm, pointwise, view  # noqa: F401  (registration)
+        from planner.rules import attention, conv, index, matmul, norm, pointwise, resample, view  # noqa: F401  (registration)
 
         _LOADED = True
