@@ -159,7 +159,7 @@ class _Ctx:
         first = self.st.block_macros[0].name
         ends = {}
         for m in self.st.block_macros + self.st.root_macros:
-            opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile)
+            opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals)
             if not getattr(self, "sequence_parallel", True):
                 opts = [s for s in opts if not s.sigma]
             if m.name in getattr(self, "only", {}):
@@ -355,7 +355,8 @@ class _Ctx:
                     predicted=Predicted(compute + comm, compute, comm, int(memory)),
                     solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
                     decisions=tuple(decisions), notes=tuple(notes))
-        return plan.with_(guards=tuple(dict.fromkeys(guards)))
+        unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
+        return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
     def _local_bytes(self, meta, spec) -> float:
         lay = Layout.from_spec(spec) if spec is not None else None

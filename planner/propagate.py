@@ -112,6 +112,8 @@ def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwarePr
             if node.op == "placeholder" and node.name not in ev.layouts:
                 ev.layouts[node.name] = tuple(Layout.replicated(len(m.shape)) for m in node.outputs)
             continue
+        if not node.outputs:
+            continue  # integer/size arithmetic on symbolic dims (dynamic=True): nothing to shard
         ins, metas = _inputs(graph, node, ev)
         if node.op == "getitem" and ins and metas and _selects_output(graph, node):
             src = graph[node.inputs[0]]

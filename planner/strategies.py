@@ -193,8 +193,10 @@ def axis_sets(axes: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(c) for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
 
 
-def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int = 1) -> tuple[list[Strategy], list[str]]:
-    """Legal strategies of a macro, and the reasons the excluded ones were excluded."""
+def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int = 1,
+               values: Optional[dict] = None) -> tuple[list[Strategy], list[str]]:
+    """Legal strategies of a macro, and the reasons the excluded ones were excluded. With symbolic
+    tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it)."""
     axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1)
     out: list[Strategy] = []
     why: list[str] = []
@@ -208,6 +210,9 @@ def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int 
             continue
         if isinstance(fit, Guard):
             guards = (Guard(fit.expr, fit.divisor, f"tokens split over {'+'.join(sigma)}"),)
+            if values and not guards[0].holds(values):
+                why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide at sizes {values}")
+                continue
         rest = tuple(a for a in axes if a not in sigma)
         for tp in axis_sets(rest):
             ntp = shard_count(mesh, tp)

@@ -162,3 +162,28 @@ def test_saved_plan_for_another_mesh_is_refused(tmp_path, tiny_model, tiny_input
 def test_heads_that_do_not_divide_the_tp_axis_are_refused(tiny_capture):
     with pytest.raises(PlanError, match=r"4 heads do not divide over the 'model' axis of size 3"):
         tt_xla_plan(tiny_capture[0], parse_mesh("1x3"))
+
+
+def test_dynamic_shapes_record_guards_and_replan_when_a_resolution_breaks_them(tiny_model, tiny_inputs):
+    """dynamic=True: one graph for every resolution. The plan for 48 tokens splits them 4 ways and
+    records that as a guard on the symbolic token count; 45 tokens break it, so that size gets a
+    plan of its own instead of uneven shards."""
+    from wancompile.backend import last_program
+
+    torch._dynamo.reset()
+    compiled = torch.compile(tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "memory_gb": 0.00031},
+                             dynamic=True, fullgraph=True)
+    with torch.no_grad():
+        out48 = compiled(**tiny_inputs, return_dict=False)[0]
+    first = last_program()
+    split4 = [g for g in first.plan.guards if g.divisor == 4]
+    assert split4 and all(not g.expr.isdigit() for g in split4)  # symbolic token count, divisible by 4
+    small = dict(tiny_inputs, hidden_states=torch.randn(1, 4, 5, 6, 6))  # 5 x 3 x 3 = 45 tokens
+    with torch.no_grad():
+        out45 = compiled(**small, return_dict=False)[0]
+        eager45 = tiny_model(**small, return_dict=False)[0]
+        eager48 = tiny_model(**tiny_inputs, return_dict=False)[0]
+    second = last_program()
+    assert second is not first
+    assert not any("SP(" in d.strategy for d in second.plan.decisions)  # 45 tokens split no way evenly here
+    assert numerics(out48, eager48).max_abs <= 5e-6 and numerics(out45, eager45).max_abs <= 5e-6

@@ -56,7 +56,7 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
 
         gm, _ = fold_conv_padding(gm)
     graph = annotate(gm, model=model)
-    plan = _plan_for(graph, mesh, opts)
+    plan = _plan_for(graph, mesh, opts, symbol_values(gm))
     if isinstance(opts.plan, Path):
         _check_rewrites(plan, opts)
     elif records:
@@ -64,12 +64,26 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
     plan.check(graph)
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, graph, plan)
-    program = ShardedProgram(gm, graph, plan, mesh_obj)
-    program.verification = None
-    _RECENT.append(program)
-    del _RECENT[:-8]
-    log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
-    return _Verifying(program) if opts.verify else program
+    def lower(plan: Plan):
+        program = ShardedProgram(gm, graph, plan, mesh_obj)
+        program.verification = None
+        _RECENT.append(program)
+        del _RECENT[:-8]
+        log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
+        return _Verifying(program) if opts.verify else program
+
+    program = lower(plan)
+    symbols = _symbol_positions(gm)
+    if not symbols:
+        return program
+
+    def replan(values: dict[str, int]):
+        if opts.plan is not None:
+            raise PlanError(f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
+                            "break; plan without the `plan` option (or save one per resolution)")
+        return lower(solve(graph, mesh, opts, values))
+
+    return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
 
 
 def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
@@ -115,7 +129,7 @@ def _model_name(gm: fx.GraphModule) -> str:
     return "wan-dit" if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder") else "graph"
 
 
-def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
+def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
     if opts.plan == "tt-xla":
         from planner.hand_plans import tt_xla_plan
 
@@ -130,7 +144,7 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
         if plan.mesh.axis_names != mesh.axis_names:
             raise PlanError(f"plan {opts.plan} names mesh axes {plan.mesh.axis_names}, this mesh has {mesh.axis_names}")
         return plan
-    return solve(graph, mesh, opts)
+    return solve(graph, mesh, opts, values)
 
 
 # Cost-model profile when the `hardware` option is unset: the Tenstorrent system with that mesh shape.
@@ -142,7 +156,18 @@ def default_hardware(mesh: MeshSpec) -> str:
     return DEFAULT_HARDWARE.get(tuple(mesh.shape), FALLBACK_HARDWARE)
 
 
-def solve(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
+def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
+    """Example sizes of the symbolic dims of a ``dynamic=True`` capture (the sizes dynamo saw), which
+    the planner prices with while the plan keeps the symbols in its guards."""
+    out = {}
+    for n in gm.graph.nodes:
+        v = n.meta.get("example_value")
+        if n.op == "placeholder" and isinstance(v, torch.SymInt) and v.node.hint is not None:
+            out[str(v.node.expr)] = int(v.node.hint)
+    return out
+
+
+def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
     """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
     graph, the DiT planner's for a Wan DiT graph, else replicated (logged)."""
     from planner import plan_graph
@@ -152,7 +177,7 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
         return plan_vae(graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model)
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)
-        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model)
+        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model, values=values or None)
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
 
@@ -164,6 +189,47 @@ def _dump(dump_dir, graph: Graph, plan: Plan) -> None:
     write_dumps(plan, dump_dir, graph=graph)  # plan.json (+ per-op trace), plan.md, plan.html
     (dump_dir / "graph.json").write_text(graph.to_json())
     (dump_dir / "summary.txt").write_text(graph.summary() + "\n" + plan.summary() + "\n")
+
+
+def _symbol_positions(gm: fx.GraphModule) -> dict[str, int]:
+    """Argument position of each symbolic size of a ``dynamic=True`` graph."""
+    out = {}
+    for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder"):
+        v = n.meta.get("example_value")
+        if isinstance(v, torch.SymInt):
+            out[str(v.node.expr)] = i
+    return out
+
+
+class _GuardedProgram:
+    """One dynamic graph, many resolutions: each call's sizes are checked against the plan's guards
+    (e.g. tokens divisible by the SP degree); sizes that break them get a plan of their own
+    (re-planned once per distinct size, then cached), instead of silently uneven shards."""
+
+    def __init__(self, program, plan: Plan, symbols: dict[str, int], replan: Callable, planned_for: dict[str, int]) -> None:
+        # The contract is what the plan assumed and its own sizes satisfy; a guard already broken at
+        # those sizes (e.g. 32-token tiles at 48 tokens) is a padding hint, not an assumption.
+        self.plan = plan.with_(guards=tuple(dict.fromkeys(
+            g for g in plan.guards if not planned_for or g.holds(planned_for))))
+        self.symbols, self.replan = symbols, replan
+        self.programs: dict[tuple, Any] = {}
+        self.base = program
+
+    def __call__(self, *args: Any) -> Any:
+        from planner.guards import check_guards
+
+        values = {name: int(args[i]) for name, i in self.symbols.items()}
+        key = tuple(sorted(values.items()))
+        program = self.programs.get(key)
+        if program is None:
+            check = check_guards(self.plan, values)
+            if check.action == "reuse":
+                program = self.base
+            else:
+                log.info("wan_autoshard: sizes %s break the plan's guards (%s); re-planning for them", values, check)
+                program = self.replan(values)
+            self.programs[key] = program
+        return program(*args)
 
 
 class _Verifying:
