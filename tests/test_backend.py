@@ -18,19 +18,14 @@ import torch
 from planner.hand_plans import tt_xla_plan
 from planner.mesh import parse_mesh
 from planner.plan import PlanError, save_plan
-from wancompile.verify import compare_collectives, numerics, placeholder_args
+from wancompile.verify import compare_collectives, numerics, placeholder_args, run_with_backend
 
 pytestmark = pytest.mark.usefixtures("spmd")
 
 
 def compile_tiny(model, inputs, **options):
-    from wancompile.backend import last_program
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
-    with torch.no_grad():
-        out = compiled(**inputs, return_dict=False)[0]
-    return out, last_program()
+    out, _, program = run_with_backend(model, inputs, reference=False, **options)
+    return out[0], program
 
 
 @pytest.fixture(scope="module")

@@ -106,10 +106,10 @@ def _main(mesh: str) -> None:
     from planner import plan_graph
     from planner.mesh import parse_mesh
     from planner.plan import save_plan
-    from wancompile.backend import default_hardware, last_program
+    from wancompile.backend import default_hardware
     from wancompile.capture import capture_module
     from wancompile.models import build_transformer, transformer_inputs
-    from wancompile.verify import compare_collectives, numerics, placeholder_args
+    from wancompile.verify import compare_collectives, numerics, run_with_backend
 
     model = build_transformer("tiny")
     inputs = transformer_inputs("tiny", "tiny", 9)
@@ -120,12 +120,7 @@ def _main(mesh: str) -> None:
             spec = parse_mesh(mesh)
             plan = plan_graph(graph, spec, default_hardware(spec), only=only, memory_gb=options.pop("memory_gb", None))
             options["plan"] = str(save_plan(plan, dump / f"{name}.plan.json"))
-        torch._dynamo.reset()
-        compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
-        with torch.no_grad():
-            out = compiled(**inputs, return_dict=False)[0]
-            program = last_program()
-            ref = program.replicated()(*placeholder_args(program.graph, model, inputs))[0]
+        out, ref, program = run_with_backend(model, inputs, **options)
         result = numerics(out, ref)
         observed = program.collectives()
         matches = compare_collectives(program.plan.collectives, observed)

@@ -5,20 +5,13 @@ from collections import Counter
 import pytest
 import torch
 
-from wancompile.verify import numerics, placeholder_args
+from wancompile.verify import numerics, placeholder_args, run_with_backend
 
 pytestmark = pytest.mark.usefixtures("spmd")
 
 
 def compile_and_check(model, inputs, **options):
-    from wancompile.backend import last_program
-
-    torch._dynamo.reset()
-    compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
-    with torch.no_grad():
-        out = compiled(**inputs, return_dict=False)[0]
-        program = last_program()
-        ref = program.replicated()(*placeholder_args(program.graph, model, inputs))[0]
+    out, ref, program = run_with_backend(model, inputs, **options)
     return numerics(out, ref), program
 
 

@@ -77,6 +77,22 @@ def verify_program(program, args: Sequence[Any]) -> tuple[Numerics, Any]:
     return numerics(out, ref), out
 
 
+def run_with_backend(module: torch.nn.Module, inputs: Mapping[str, Any], *, reference: bool = True,
+                     **options: Any) -> tuple[Any, Any, Any]:
+    """Compile `module` with ``backend="wan_autoshard"`` (one graph, these options), call it with
+    `inputs` as keyword arguments (plus ``return_dict=False``), and run the same lowered graph with
+    everything replicated: (sharded output, one-device output or None, the ShardedProgram)."""
+    from wancompile.backend import last_program
+
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend="wan_autoshard", options=options, fullgraph=True)
+    with torch.no_grad():
+        out = compiled(**inputs, return_dict=False)
+        program = last_program()
+        ref = program.replicated()(*placeholder_args(program.graph, module, inputs)) if reference else None
+    return out, ref, program
+
+
 def placeholder_args(graph: Graph, module: torch.nn.Module, inputs: Mapping[str, Any], *args: Any) -> list[Any]:
     """The flat argument list of a captured graph, from the module's parameters/buffers and the
     call's inputs (``args.N`` / ``kwargs.NAME`` placeholders)."""
