@@ -397,8 +397,16 @@ class _Ctx:
         return out
 
     def _activations(self, forced: dict[str, Layout], sigma0) -> tuple[ActivationConstraint, ...]:
-        acts = [ActivationConstraint(self.g[self.st.entry].location, self.stream(sigma0).to_spec(), self.g[self.st.entry].out.shape,
+        entry = self.g[self.st.entry]
+        acts = [ActivationConstraint(entry.location, self.stream(sigma0).to_spec(), entry.out.shape,
                                      reason="block-stack entry: tokens split over the SP axes (a transpose copy, not a reshape)")]
+        if entry.op == "pad" and any(sigma0):
+            # sp_pad's token padding: keep its input whole, so the split starts after the pad (a free
+            # local slice). Left to propagation, GSPMD splits the unpadded tokens and shifts them into
+            # the padded shards with a collective-permute (45 -> 64 tokens over 4: 12 vs 16 per device).
+            src = self.g[entry.inputs[0]]
+            acts.insert(0, ActivationConstraint(src.location, (None,) * len(src.out.shape), src.out.shape,
+                                                reason="tokens whole before SP padding"))
         for name, lay in forced.items():
             node = self.g[name]
             if node.block is None:

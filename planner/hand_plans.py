@@ -90,8 +90,14 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
         except StructureError as e:
             raise PlanError(str(e)) from None
         acts.append(ActivationConstraint(entry.location, (None, sp, None), entry.out.shape, reason="SP: tokens sharded at the block-stack entry"))
+        if entry.op == "pad":  # sp_pad: split after the padding, not before it (see planner.autoplan)
+            src = graph[entry.inputs[0]]
+            acts.insert(0, ActivationConstraint(src.location, (None,) * len(src.out.shape), src.out.shape, reason="tokens whole before SP padding"))
         for table in _rope_tables(graph):
             acts.append(ActivationConstraint(table.location, (None, sp, None, None), table.out.shape, reason="SP: rope table sharded like the tokens"))
+            if table.op == "pad":
+                src = graph[table.inputs[0]]
+                acts.append(ActivationConstraint(src.location, (None,) * len(src.out.shape), src.out.shape, reason="rope table whole before SP padding"))
         exit_ = _find(graph, "proj_out", "linear")[-1]
         acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="gather tokens before unpatchify"))
         if kv_gather:

@@ -64,6 +64,7 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
     plan.check(graph)
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, graph, plan)
+
     def lower(plan: Plan):
         program = ShardedProgram(gm, graph, plan, mesh_obj)
         program.verification = None
@@ -93,8 +94,10 @@ def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.Grap
         return gm, ()
     from rewrites import RewriteContext, apply_rewrites
 
+    from planner.hardware import get_profile
+
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
-    tile = 32 if (opts.hardware or "").startswith(("wh-", "bh-")) else 1
+    tile = get_profile(opts.hardware or default_hardware(mesh)).tile
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
     gm, reports = apply_rewrites(gm, opts.rewrites, RewriteContext(sp_multiple=sp * tile))
     gm.recompile()
