@@ -1,16 +1,19 @@
-"""Fidelity of the VAE planner: the compiled spatially sharded decode IS what the plan says.
+"""Fidelity of the VAE planner: the compiled sharded decode (spatial, channel-Megatron) IS what the plan says.
 
 The tiny Wan 2.1 VAE, full-T (`enable_full_t`), compiled with
 ``torch.compile(vae.decode, backend="wan_autoshard", options={"mesh": ..., "memory_gb": ...})`` on
-2x2 and 2x4 meshes of virtual CPU devices (one subprocess per mesh: the device count is fixed per
-process). The plan is the planner's with every macro restricted to spatial strategies
+2x2 and 2x4 meshes of virtual CPU devices (one subprocess per mesh and suite: the device count is fixed
+per process). The plan is the planner's with every macro restricted to spatial strategies
 (``plan_vae(..., preset="spatial")``: the solver still picks which mesh axes split H and W, and
 gather vs frames for the attention), saved and passed as the backend's ``plan`` option, as
 tests/test_fidelity.py does for Ulysses. The compiled program is checked against it:
 
 - per (kind, mesh axes), exactly the predicted number of collectives, bytes within 5%;
-- halo collective-permutes are there, and no all-reduce sits inside a residual block (by the
-  op_name metadata XLA keeps on each instruction);
+- spatial: halo collective-permutes are there, and no all-reduce anywhere;
+- channel-megatron (the seed's hand plan, ``preset="channel-megatron"``): every residual block
+  channel-split over the whole mesh, the rest replicated; per block exactly the seed's bill, one
+  all-reduce of norm2's channel statistics and one of conv2's output, attributed by the ``op_type``
+  metadata ``XLA_HLO_DEBUG=1`` puts on each HLO instruction (XLA keeps no module path);
 - PCC >= 0.99999 against the same graph on one XLA device (``program.replicated()``);
 - no "Involuntary full rematerialization" in XLA's log.
 """
@@ -30,20 +33,25 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tiny-wan2.1"
 LATENT = (1, 16, 3, 8, 8)  # (B, C, T, H, W): 8 x 8 splits evenly on 2 and 4 devices at every stage
 MESHES = {"2x2": 4, "2x4": 8}  # mesh -> devices
-# case -> plan_vae restriction: the solver's spatial plan, and a 2-D split (H over batch, W over model)
-CASES = {"spatial": {}, "2d": {"*": r"\(H:batch,W:model\)$"}}
+# suite -> case -> (plan_vae preset, restriction). spatial: the solver's spatial plan, and a 2-D
+# split (H over batch, W over model); channel: the seed's channel-Megatron hand plan
+SUITES = {
+    "spatial": {"spatial": ("spatial", {}), "2d": ("spatial", {"*": r"\(H:batch,W:model\)$"})},
+    "channel": {"channel-megatron": ("channel-megatron", {})},
+}
 
 
-def _run(mesh: str) -> tuple[dict, str]:
+def _run(mesh: str, suite: str = "spatial") -> tuple[dict, str]:
     from wancompile.runtime import subprocess_env
 
     devices = MESHES[mesh]
     env = subprocess_env(devices)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, mesh], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    env["XLA_HLO_DEBUG"] = "1"  # op_type metadata on each HLO instruction: which aten op a collective came from
+    proc = subprocess.run([sys.executable, __file__, mesh, suite], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"VAE fidelity run on {mesh} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     rows = [json.loads(line[len("FIDELITY "):]) for line in proc.stdout.splitlines() if line.startswith("FIDELITY ")]
-    assert len(rows) == len(CASES), proc.stdout[-3000:]
+    assert len(rows) == len(SUITES[suite]), proc.stdout[-3000:]
     return rows, proc.stderr
 
 
@@ -73,18 +81,47 @@ def _check(row: dict) -> None:
     resblock = next(s for k, s in row["strategies"].items() if ".resnets." in k)
     split_dims = sum(1 for part in re.findall(r"[HW]:([^,)]*)", resblock) if part != "-")
     assert row["permutes"] >= 2 * split_dims * row["spatial_resblock_convs"], table  # 2 sides per split dim per 3x3 conv
-    assert row["resblock_all_reduces"] == [], row["resblock_all_reduces"]
+    assert not [c for c in row["collective_ops"] if c["kind"] == "all-reduce"], row["collective_ops"]  # none at all
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mesh", list(MESHES))
+def test_channel_megatron_vae_plan_compiles_to_its_predicted_collectives(mesh):
+    """The seed's hand plan (shared/seeds/001): per residual block exactly its bill, one all-reduce of
+    conv2's partial-sum output (B, C, T, H, W) and one of norm2's channel statistics (B, T, H, W)."""
+    rows, stderr = _run(mesh, "channel")
+    assert "Involuntary full rematerialization" not in stderr, stderr[-3000:]
+    (row,) = rows
+    table = "\n".join(row["table"])
+    print(f"{row['mesh']} {row['case']}: PCC {row['pcc']:.12f}, max-abs {row['max_abs']:.3g}\n{table}")
+    assert row["pcc"] >= 0.99999, (row["pcc"], row["max_abs"])
+    blocks = [k for k, s in row["strategies"].items() if ".resnets." in k]
+    assert blocks and all(re.fullmatch(r"channel\(batch\+model\)", row["strategies"][k]) for k in blocks), row["strategies"]
+    assert all(s == "replicated" for k, s in row["strategies"].items() if k not in blocks), row["strategies"]
+    for m in row["matches"]:
+        assert m["predicted_count"] == m["observed_count"], table
+        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(m["predicted_bytes"], m["observed_bytes"]), table
+    assert {(m["kind"], tuple(m["axes"])) for m in row["matches"] if m["observed_count"]} == {("all-reduce", ("batch", "model"))}, table
+    # by the aten op each all-reduce came from (XLA_HLO_DEBUG metadata), in program order: per block
+    # the norm2 statistics sum (channels collapsed) then conv2's output (all channels)
+    ars = [c for c in row["collective_ops"] if c["kind"] == "all-reduce"]
+    n_blocks = row["channel_resblocks"]
+    assert n_blocks == 10 and len(ars) == 2 * n_blocks, [c["line"] for c in ars]
+    for norm, conv, conv2 in zip(ars[0::2], ars[1::2], row["conv2_shapes"]):
+        assert norm["op_type"] == "aten__sum" and conv["op_type"] == "aten__convolution_overrideable", (norm, conv)
+        assert conv["shape"] == conv2, (conv["line"], conv2)
+        assert norm["shape"] == conv2[:1] + conv2[2:], (norm["line"], conv2)  # C collapsed
 
 
 # --- the subprocess -------------------------------------------------------------------------------
 
 
-def _op_name(line: str) -> str:
-    m = re.search(r'op_name="([^"]*)"', line)
-    return m.group(1) if m else ""
+def _count(decision_node: str) -> int:
+    m = re.search(r"\(x(\d+)\)$", decision_node)
+    return int(m.group(1)) if m else 1
 
 
-def _main(mesh: str) -> None:
+def _main(mesh: str, suite: str) -> None:
     import tempfile
 
     from wancompile import runtime
@@ -108,8 +145,8 @@ def _main(mesh: str) -> None:
     z = torch.randn(*LATENT, generator=torch.Generator().manual_seed(0))
     spec = parse_mesh(mesh)
     graph = annotate(fold_conv_padding(capture_fx(vae.decode, z))[0], model="wan-vae")
-    for case, only in CASES.items():
-        plan = plan_vae(graph, spec, default_hardware(spec), preset="spatial", only=only)
+    for case, (preset, only) in SUITES[suite].items():
+        plan = plan_vae(graph, spec, default_hardware(spec), preset=preset, only=only)
         _compile_and_check(vae, z, mesh, case, save_plan(plan, dump / f"{case}.plan.json"))
 
 
@@ -132,14 +169,18 @@ def _compile_and_check(vae, z, mesh: str, case: str, plan_path: Path) -> None:
     observed = program.collectives()
     matches = compare_collectives(program.plan.collectives, observed)
     hlo_text = program.hlo_path.read_text()
-    resblock_all_reduces = []
+    collective_ops = []  # every non-permute collective with its op_name (where in the model it sits)
     permutes = 0
     for line in hlo_text.splitlines():
         kind = next((k for k in KINDS if re.search(rf"\s{k}(-start)?\(", line)), None)
         if kind == "collective-permute":
             permutes += 1
-        if kind == "all-reduce" and ".resnets." in _op_name(line).replace("/", ".").replace("_modules_", "."):
-            resblock_all_reduces.append(line.strip()[:200])
+        if kind is not None and kind != "collective-permute":
+            shape = re.search(r"=\s*\w+\[([\d,]*)\]", line)
+            op_type = re.search(r'op_type="([^"]*)"', line)
+            collective_ops.append({"kind": kind, "op_type": op_type.group(1) if op_type else "", "line": line.strip()[:160],
+                                   "shape": [int(x) for x in shape.group(1).split(",") if x] if shape else None})
+    conv2_shapes = [list(n.out.shape) for n in program.graph if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith("conv2")]
     spatial_convs = sum(1 for n in program.graph if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith(("conv1", "conv2")))
     row = {
         "mesh": mesh, "case": case, "pcc": result.pcc, "max_abs": result.max_abs,
@@ -149,7 +190,9 @@ def _compile_and_check(vae, z, mesh: str, case: str, plan_path: Path) -> None:
         "table": [str(m) for m in matches],
         "permutes": permutes,
         "spatial_resblock_convs": spatial_convs,
-        "resblock_all_reduces": resblock_all_reduces,
+        "collective_ops": collective_ops,
+        "conv2_shapes": conv2_shapes,
+        "channel_resblocks": sum(1 for d in program.plan.decisions if d.strategy.startswith("channel") for _ in range(_count(d.node))),
         "predicted": program.plan.predicted.to_json(),
         "hlo": str(program.hlo_path),
     }
@@ -158,4 +201,4 @@ def _compile_and_check(vae, z, mesh: str, case: str, plan_path: Path) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    _main(sys.argv[1])
+    _main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else "spatial")
