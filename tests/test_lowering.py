@@ -59,7 +59,7 @@ BRIDGE_PROBE = textwrap.dedent(
     from wancompile.verify import placeholder_args
     model, inputs = build_transformer("tiny"), transformer_inputs("tiny", "tiny", 9)
     graph, gm = capture_module(model, **inputs, return_dict=False)
-    program = ShardedProgram(gm, graph, tt_xla_plan(graph, parse_mesh("2x4")), xla_mesh(parse_mesh("2x4")))
+    program = ShardedProgram(gm, graph, tt_xla_plan(graph, parse_mesh("2x4")), xla_mesh(parse_mesh("2x4")), fold=False)
     args = program.to_device(placeholder_args(graph, model, inputs))
     try:
         dynamo_bridge.extract_compiled_graph(program.lowered, args)(*args)

@@ -114,19 +114,34 @@ class ParamCache:
 
 
 class ShardedProgram:
-    """A captured graph lowered under a plan: call it with the graph's inputs (host or XLA)."""
+    """A captured graph lowered under a plan: call it with the graph's inputs (host or XLA).
 
-    def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, *, legalize_ops: bool = True) -> None:
+    Parameter-only subgraphs (e.g. the ``qkv`` rewrite's weight packing) are constant-folded
+    (`wancompile.fold`): computed on the device once per parameter version, then read by the main
+    program as extra inputs. ``fold=False`` (or ``ShardedProgram.fold_parameters = False``) keeps them
+    in-graph."""
+
+    fold_parameters = True
+
+    def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, *, legalize_ops: bool = True,
+                 fold: Optional[bool] = None) -> None:
         import torch_xla
 
+        from wancompile.fold import FoldedValues, split_parameter_subgraphs
+
         self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
-        self.hlo_path = None
+        self.hlo_path = self.fold_hlo_path = None
         self.device = torch_xla.device()
         self.lowered = insert_constraints(legalize(gm)[0] if legalize_ops else gm, graph, plan, mesh)
         placeholders = [n for n in graph if n.op == "placeholder"]
         self._params = [n.param for n in placeholders]
         self._input_specs = self._placeholder_specs(placeholders)
         self._cache = ParamCache()
+        self.fold = None  # FoldedValues, when the graph has parameter-only subgraphs
+        split = split_parameter_subgraphs(self.lowered, self._params) if (self.fold_parameters if fold is None else fold) else None
+        if split is not None:
+            self.fold = FoldedValues(split)
+            self.lowered = split.main
 
     def _placeholder_specs(self, placeholders) -> list[Optional[PartitionSpec]]:
         """Sharding for each placeholder: the plan's parameter spec, or an activation constraint
@@ -143,10 +158,12 @@ class ShardedProgram:
 
         return mark
 
-    def to_device(self, args: Sequence[Any]) -> list[Any]:
+    def to_device(self, args: Sequence[Any], needed: Optional[Sequence[bool]] = None) -> list[Any]:
+        """The arguments on the device, parameters sharded and cached; where `needed` is False the
+        argument is left as it is (a parameter only the fold program reads is not kept on device)."""
         out = []
-        for a, param, spec in zip(args, self._params, self._input_specs):
-            if not isinstance(a, torch.Tensor):
+        for i, (a, param, spec) in enumerate(zip(args, self._params, self._input_specs)):
+            if not isinstance(a, torch.Tensor) or (needed is not None and not needed[i]):
                 out.append(a)
             elif a.device.type == "xla":
                 if param is not None and spec is not None:
@@ -172,7 +189,10 @@ class ShardedProgram:
         from wancompile import hlo, runtime
 
         host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
-        xla_args = self.to_device(args)
+        xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
+        if self.fold is not None:
+            xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
+            xla_args += self._folded(args, xla_args)
         dump = runtime.current_dump_dir() if self.hlo_path is None else None
         before = hlo.dump_state(dump) if dump else {}
         out = self.lowered(*xla_args)
@@ -187,6 +207,35 @@ class ShardedProgram:
         if host is None:
             return out
         return _to_host(out, host)
+
+    def _folded(self, args: Sequence[Any], xla_args: Sequence[Any]) -> list[torch.Tensor]:
+        """The fold program's values (cached per parameter version); its HLO is recorded apart."""
+        from wancompile import hlo, runtime
+
+        def device_arg(i: int) -> torch.Tensor:
+            if xla_args[i] is not None:
+                return xla_args[i]
+            # Read only by the fold program: on the device (sharded) for the fold, not kept there.
+            a, mark = args[i], self._mark(self._input_specs[i])
+            if a.device.type == "xla":
+                if self._input_specs[i] is not None:
+                    self._ensure_sharded(a, self._input_specs[i])
+                return a
+            x = a.detach().to(self.device)
+            mark(x)
+            return x
+
+        runs = self.fold.runs
+        dump = runtime.current_dump_dir() if self.fold_hlo_path is None else None
+        before = hlo.dump_state(dump) if dump else {}
+        values = self.fold.get(args, device_arg)
+        if dump and self.fold.runs > runs:
+            key = hashlib.sha1((self.fold.split.fold.code + self._program_key(values)).encode()).hexdigest()
+            new = hlo.new_modules(dump, before)
+            if new:
+                _HLO_BY_PROGRAM[key] = hlo.main_module(new)
+            self.fold_hlo_path = _HLO_BY_PROGRAM.get(key)
+        return values
 
     def _program_key(self, args: Sequence[Any]) -> str:
         shapes = [(tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args]
@@ -205,6 +254,16 @@ class ShardedProgram:
                 "before the XLA runtime starts (wancompile.runtime.configure(dump_dir=...), or the backend's dump_dir option)"
             )
         return hlo.parse_collectives(self.hlo_path.read_text(), self.plan.mesh)
+
+    def fold_collectives(self) -> list:
+        """The collectives of the fold program's partitioned HLO ([] when nothing was folded)."""
+        from wancompile import hlo
+
+        if self.fold is None:
+            return []
+        if self.fold_hlo_path is None:
+            raise RuntimeError("no partitioned HLO was recorded for the fold program (see collectives())")
+        return hlo.parse_collectives(self.fold_hlo_path.read_text(), self.plan.mesh)
 
     def replicated(self) -> "ShardedProgram":
         """The same (legalized) graph with every parameter and activation replicated: the

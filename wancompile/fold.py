@@ -1,0 +1,203 @@
+"""Constant folding of parameter-only subgraphs: computed once per parameter version, not per call.
+
+Some ops of a captured graph read nothing but parameters/buffers (placeholders with a
+``planner.graph.Node.param``) and literals: the ``qkv`` rewrite's weight packing
+(``unflatten``/``cat``/``flatten`` of ``to_q/to_k/to_v`` weights), a slice or dtype cast of a buffer.
+Lazy tracing re-runs them on every call, so on a device the packing is real work every step
+(3 × 5120² elements per attention for A14B). `split_parameter_subgraphs` cuts the (lowered) graph in
+two:
+
+* the *fold program*: the parameter-only nodes, taking the parameters it reads and returning the
+  values the rest of the graph uses (the boundary);
+* the *main program*: the original graph with each boundary value read from a new placeholder
+  (appended after the original ones, so the call signature only grows) and the folded nodes gone.
+
+`FoldedValues` runs the fold program on the parameters' XLA copies (already sharded as the plan says),
+syncs, and hands the results to every later call until a parameter it read changes (identity or
+``_version``, like `wancompile.lowering.ParamCache`). The fold program is its own SPMD computation:
+GSPMD propagates the input shardings through it to its outputs, which is what it does to the same
+ops in-graph (they sit upstream of everything else), so the main program sees the same shardings.
+
+What is folded — a call node is foldable when
+  * every node it reads is a parameter placeholder or foldable (literals are fine), so at least one
+    parameter is an ancestor: pure-constant ops (``arange`` masks) stay in-graph for XLA to fold;
+  * it is pure and deterministic: no in-place op or ``inplace=``/``out=``, no ``setitem``, nothing
+    random (``rand*``, ``dropout``, ``bernoulli``, ``normal``, ...), not a sharding constraint, and
+    not constrained itself (the constraint stays on an in-graph value);
+  * it moves nothing between host and device (``.to(device)``, ``.cpu()``, ``.item()``, ...) and
+    is not a materializing broadcast (``expand``, ``repeat``, ...: XLA fuses those in-graph);
+  * no parameter it (transitively) reads is mutated anywhere in the graph;
+and a folded value handed to the main program must be a tensor no larger than the parameters it
+reads (no folded ``expand``/broadcast materializing more than the weights: XLA fuses those).
+Views of one parameter (``.t()``, ``.float()``, a slice) fold under the same rules.
+"""
+
+from __future__ import annotations
+
+import operator
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional, Sequence
+
+import torch
+import torch.fx as fx
+
+_RANDOM = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "poisson", "exponential",
+           "cauchy", "geometric", "seed")
+
+
+@dataclass
+class FoldSplit:
+    """A graph cut into its parameter-only part and the rest."""
+
+    fold: fx.GraphModule          # fold(*args[i] for i in sources) -> tuple of folded values
+    main: fx.GraphModule          # main(*args, *folded values)
+    sources: list[int]            # argument positions the fold program reads
+    main_reads: list[bool]        # per original argument: does the main program still read it
+    folded: list[str] = field(default_factory=list)  # boundary node names, in fold output order
+    nodes: list[str] = field(default_factory=list)   # every folded node's name
+
+
+def _name(node: fx.Node) -> str:
+    return node.target if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
+
+
+def _mutates(node: fx.Node) -> bool:
+    if node.op not in ("call_function", "call_method"):
+        return False
+    if node.target is operator.setitem or node.kwargs.get("inplace") is True or node.kwargs.get("out") is not None:
+        return True
+    name = _name(node)
+    return name.endswith("_") and not name.startswith("_")
+
+
+# Materializing broadcasts: folded, they would store more than the weights (XLA fuses them in-graph).
+_BROADCASTS = {"expand", "expand_as", "broadcast_to", "repeat", "tile", "repeat_interleave"}
+# Host/device transfers and host reads: they must stay where the graph put them.
+_TRANSFERS = {"cpu", "cuda", "numpy", "tolist", "item", "pin_memory"}
+
+
+def _moves_device(node: fx.Node) -> bool:
+    if node.op == "call_method" and node.target in ("to", "type"):
+        return "device" in node.kwargs or any(isinstance(a, (torch.device, str)) for a in node.args[1:])
+    return False
+
+
+def _pure(node: fx.Node) -> bool:
+    from wancompile.lowering import _constrain
+
+    if node.op not in ("call_function", "call_method") or node.target is _constrain or _mutates(node):
+        return False
+    if _name(node) in _BROADCASTS or _name(node) in _TRANSFERS or _moves_device(node):
+        return False
+    name = _name(node).lower()
+    return not any(word in name for word in _RANDOM)
+
+
+def _numel(node: fx.Node) -> Optional[int]:
+    v = node.meta.get("example_value")
+    if not isinstance(v, torch.Tensor):
+        return None
+    try:
+        return int(v.numel())
+    except Exception:  # symbolic size
+        return None
+
+
+def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]]) -> Optional[FoldSplit]:
+    """Cut `gm` (whose placeholders, in order, hold the parameters named in `params`, None for inputs)
+    into a fold program and a main program; None when nothing can be folded (then use `gm` as is)."""
+    from wancompile.lowering import _constrain
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(params):
+        raise ValueError(f"{len(placeholders)} placeholders but {len(params)} parameter names")
+    sources = {n for n, p in zip(placeholders, params) if p is not None}
+    # A parameter mutated in-graph (directly or through a view) is not a constant.
+    mutated = {n.args[0] for n in gm.graph.nodes if _mutates(n) and n.args and isinstance(n.args[0], fx.Node)}
+    banned: set[fx.Node] = set()
+    while True:
+        foldable: set[fx.Node] = set()
+        ancestors: dict[fx.Node, set[fx.Node]] = {}
+        for node in gm.graph.nodes:
+            inputs = node.all_input_nodes
+            if (_pure(node) and inputs and node not in banned
+                    and all(i in foldable or (i in sources and i not in banned) for i in inputs)
+                    and not any(u.target is _constrain for u in node.users)):
+                foldable.add(node)
+                ancestors[node] = set().union(*(ancestors.get(i, {i}) for i in inputs))
+        bad_sources = {s for n in mutated for s in (ancestors.get(n, {n}) if (n in foldable or n in sources) else ())}
+        boundary = [n for n in gm.graph.nodes if n in foldable and any(u not in foldable for u in n.users)]
+        too_big = [n for n in boundary
+                   if _numel(n) is None or _numel(n) > sum(_numel(s) or 0 for s in ancestors[n])]
+        if not (bad_sources - banned) and not too_big:
+            break
+        banned |= bad_sources | set(too_big)
+    if not boundary:
+        return None
+
+    # The fold program: the source placeholders it reads, the foldable nodes, the boundary values out.
+    fold_graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    read = sorted({s for n in boundary for s in ancestors[n]}, key=placeholders.index)
+    for s in read:
+        env[s] = fold_graph.placeholder(s.name)
+        env[s].meta = dict(s.meta)
+    for node in gm.graph.nodes:
+        if node in foldable:
+            env[node] = fold_graph.node_copy(node, lambda n: env[n])
+    fold_graph.output(tuple(env[n] for n in boundary))
+    fold = fx.GraphModule(gm, fold_graph)
+
+    # The main program: one placeholder per boundary value, after the original ones.
+    main = fx.GraphModule(gm, gm.graph.__deepcopy__())
+    by_name = {n.name: n for n in main.graph.nodes}
+    last = [n for n in main.graph.nodes if n.op == "placeholder"][-1]
+    for node in reversed(boundary):
+        with main.graph.inserting_after(last):
+            ph = main.graph.placeholder(f"folded_{node.name}")
+        ph.meta = dict(node.meta)
+        by_name[node.name].replace_all_uses_with(ph)
+    folded_names = {n.name for n in foldable}
+    for node in reversed(list(main.graph.nodes)):
+        if node.name in folded_names:
+            main.graph.erase_node(node)
+    main.graph.lint()
+    main.recompile()
+    main_placeholders = [n for n in main.graph.nodes if n.op == "placeholder"][:len(placeholders)]
+    return FoldSplit(fold=fold, main=main, sources=[placeholders.index(s) for s in read],
+                     main_reads=[bool(n.users) for n in main_placeholders],
+                     folded=[n.name for n in boundary], nodes=[n.name for n in gm.graph.nodes if n in foldable])
+
+
+class FoldedValues:
+    """The fold program's results, computed on the device once per version of the parameters it reads."""
+
+    def __init__(self, split: FoldSplit) -> None:
+        self.split = split
+        self._key: Optional[list[tuple[weakref.ref, int]]] = None
+        self._values: list[torch.Tensor] = []
+        self.runs = 0  # how many times the fold program ran (tests, logs)
+
+    def _valid(self, args: Sequence[Any]) -> bool:
+        if self._key is None:
+            return False
+        return all(ref() is args[i] and version == args[i]._version
+                   for i, (ref, version) in zip(self.split.sources, self._key))
+
+    def get(self, args: Sequence[Any], device_arg: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
+        """Folded values for the call's arguments `args` (host or XLA); `device_arg(i)` gives argument
+        i on the device, sharded as the plan says."""
+        if self._valid(args):
+            return self._values
+        import torch_xla
+
+        inputs = [device_arg(i) for i in self.split.sources]
+        # clone: a view (``flatten`` of the ``cat``) would keep its base alive as pending IR, which the
+        # next sync would compute again as an extra output of the main program.
+        values = [v.clone() for v in self.split.fold(*inputs)]
+        torch_xla._XLAC._xla_sync_multi(values, [], wait=True)
+        self._values = values
+        self._key = [(weakref.ref(args[i]), args[i]._version) for i in self.split.sources]
+        self.runs += 1
+        return values
