@@ -35,10 +35,12 @@ builds it.
 
 from __future__ import annotations
 
+import inspect
 import re
 from collections import defaultdict
 
 from planner.plan import Plan, PlanError
+from wancompile.legalize import layer_norm_decomposed
 from wancompile.report.model import Report
 
 _TEMPLATE = '''"""Sharding plan for {model} on mesh {mesh} {axes}, exported from {source} by `wancompile export`.
@@ -57,6 +59,8 @@ Apply with plain torch_xla (wancompile not needed):
 
 Partition specs name mesh axes per tensor dim (None = replicated), as xs.mark_sharding takes them.
 """
+
+from typing import Optional, Sequence
 
 import torch
 import torch_xla.distributed.spmd as xs
@@ -132,20 +136,7 @@ class _OpConstraints(torch.overrides.TorchFunctionMode):
         return out
 
 
-def layer_norm_decomposed(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    """F.layer_norm as explicit reductions over the normalized dims. torch_xla lowers layer_norm
-    through XLA batch-norm with the tokens as the feature dim, which GSPMD cannot keep token-sharded:
-    it would all-gather the full hidden state before every LayerNorm under sequence parallelism."""
-    dims = tuple(range(-len(normalized_shape), 0))
-    mean = x.mean(dims, keepdim=True)
-    centred = x - mean
-    y = centred * torch.rsqrt(centred.square().mean(dims, keepdim=True) + eps)
-    if weight is not None:
-        y = y * weight
-    if bias is not None:
-        y = y + bias
-    return y
-
+{layer_norm_source}
 
 def apply_activation_sharding(model, mesh, legalize_layer_norm=True):
     """Install the hooks that place ACTIVATION_CONSTRAINTS (and, by default, run LayerNorm as
@@ -276,6 +267,8 @@ def export_python(rep: Report) -> str:
         model=plan.model, mesh=plan.mesh, axes=plan.mesh.axis_names, source=rep.source or "plan.json", summary=summary,
         mesh_shape=tuple(plan.mesh.shape), axis_names=tuple(plan.mesh.axis_names), num_blocks=n, last_block=max(n - 1, 0),
         block_specs=lines(block_specs), root_specs=lines(root), extra_specs=lines(extra), constraints="".join(constraints),
+        # the backend's own legalization, copied so the exported module needs no wancompile
+        layer_norm_source=inspect.getsource(layer_norm_decomposed).rstrip(),
     )
 
 
