@@ -51,7 +51,6 @@ def main() -> None:
 
     from planner.hardware import get_profile
     from planner.mesh import parse_mesh
-    from planner.plan import PlanError
     from planner.vae_plan import plan_vae
     from wancompile.vae import choose_t_chunk
     from wancompile.vae.configs import VAE_CONFIGS

@@ -26,7 +26,6 @@ import json
 import operator
 import os
 import re
-import sys
 import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -541,7 +540,7 @@ def main():
     print(f"first node off by > 1e-4 relative: {b['first']}  ({b.get('first_op')}, {b.get('first_module')})"
           f"  rel err {b.get('first_err', 0):.3e}; previous node {b.get('prev')} rel err {b.get('prev_err', 0) or 0:.3e}")
     print(f"   {b.get('code_line')}")
-    print(f"   probes: " + ", ".join(f"{k}={v:.1e}" for k, v in b["probes"].items()))
+    print("   probes: " + ", ".join(f"{k}={v:.1e}" for k, v in b["probes"].items()))
     print(f"\n[{time.time() - t0:.0f} s]")
     if args.json:
         with open(args.json, "w") as f:

@@ -17,13 +17,12 @@ understand with a message that says what is wrong.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional
 
 from planner.graph import Graph, Location
-from planner.mesh import MeshError, MeshSpec, PartitionSpec, check_spec, format_spec, normalize_spec
+from planner.mesh import MeshError, MeshSpec, PartitionSpec, check_spec, normalize_spec
 from planner.placements import Guard
 
 SCHEMA_VERSION = 1
@@ -286,15 +285,3 @@ def load_plan(path: str | Path) -> Plan:
 
 def replicated_params(graph: Graph) -> dict[str, PartitionSpec]:
     return {n.param: (None,) * len(n.out.shape) for n in graph.params()}
-
-
-def spec_str(spec: PartitionSpec) -> str:
-    return format_spec(spec)
-
-
-def total_collective_bytes(collectives: Iterable[Collective]) -> int:
-    return sum(c.bytes * c.count for c in collectives)
-
-
-def shard_shape(shape: Sequence[int], spec: PartitionSpec, mesh: MeshSpec) -> tuple[int, ...]:
-    return tuple(math.ceil(n / mesh.entry_size(e)) for n, e in zip(shape, spec))

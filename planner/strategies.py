@@ -238,7 +238,7 @@ def _role(node: Node) -> str:
 def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, fsdp: bool, guards) -> Strategy:
     params: dict[str, Layout] = {}
     fs = sigma if fsdp else ()
-    first, last = macro.linears[0], macro.linears[-1]
+    first = macro.linears[0]
     col = macro.linears[:-1] if macro.kind == "attention" else (first,)
     for lin_name in macro.linears:
         lin = graph[lin_name]

@@ -101,8 +101,6 @@ def _main(mesh: str) -> None:
     dump = Path(tempfile.mkdtemp(prefix=f"wancompile-fidelity-{mesh}-"))
     runtime.configure(num_devices=MESHES[mesh][0], dump_dir=dump / "hlo")
 
-    import torch
-
     from planner import plan_graph
     from planner.mesh import parse_mesh
     from planner.plan import save_plan

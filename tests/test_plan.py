@@ -6,7 +6,7 @@ import pytest
 
 from planner.hand_plans import tt_xla_plan
 from planner.mesh import MeshSpec, parse_mesh
-from planner.plan import ActivationConstraint, Plan, PlanError, load_plan, save_plan
+from planner.plan import ActivationConstraint, PlanError, load_plan, save_plan
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from planner.hand_plans import tt_xla_plan
 from planner.hardware import PROFILES
 from planner.mesh import parse_mesh
 from planner.placements import Layout
-from planner.plan import Plan, PlanError
+from planner.plan import PlanError
 from planner.propagate import evaluate
 from planner.rules import rule_for
 

@@ -16,9 +16,8 @@ from __future__ import annotations
 import operator
 import re
 from collections import defaultdict
-from typing import Any, Callable, Iterable, Optional
+from typing import Any, Callable, Optional
 
-import sympy
 import torch
 import torch.fx as fx
 
@@ -252,16 +251,3 @@ def unannotated(graph: Graph) -> list[str]:
         if n.op != "placeholder" and n.block is None and n.module.startswith(graph.block_prefixes or ("\0",)):
             bad.append(f"{n.name}: inside {n.module} but no block index")
     return bad
-
-
-def graph_blocks(graph: Graph) -> dict[int, list[Node]]:
-    out: dict[int, list[Node]] = defaultdict(list)
-    for n in graph:
-        if n.block is not None:
-            out[n.block].append(n)
-    return dict(out)
-
-
-def iter_params(graph: Graph) -> Iterable[tuple[str, tuple]]:
-    for n in graph.params():
-        yield n.param, n.out.shape

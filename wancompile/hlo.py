@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
@@ -128,8 +127,3 @@ def main_module(paths: Iterable[Path]) -> Path:
     if not paths:
         raise FileNotFoundError("no *after_optimizations.txt files were dumped; is XLA_FLAGS=--xla_dump_to set?")
     return max(paths, key=lambda p: p.stat().st_size)
-
-
-def summarize(collectives: Iterable[HloCollective]) -> Counter:
-    """Counts per (kind, axes)."""
-    return Counter((c.kind, c.axes) for c in collectives)

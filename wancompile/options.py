@@ -140,7 +140,3 @@ def _parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
     if bad:
         raise OptionsError(f"option 'rewrites': unknown pass(es) {bad}; use 'all', 'none', or names from {list(REWRITE_NAMES)}")
     return names
-
-
-def option_names() -> list[str]:
-    return sorted(_KNOWN)

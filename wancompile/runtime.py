@@ -9,7 +9,6 @@ needs another count runs in a subprocess (`subprocess_env`).
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Optional
 
@@ -57,21 +56,6 @@ def configure(num_devices: Optional[int] = None, dump_dir: Optional[str | Path] 
         flags.append(f"{_DUMP_FLAG}{dump_dir}")
         os.environ["XLA_FLAGS"] = " ".join(flags)
 
-
-def ensure_dump_dir() -> Path:
-    """The HLO dump directory of this process, choosing a temporary one if the runtime has not
-    started yet and none was set."""
-    d = current_dump_dir()
-    if d is not None:
-        return d
-    if runtime_started():
-        raise RuntimeConfigError(
-            "the XLA runtime started without XLA_FLAGS=--xla_dump_to=DIR, so compiled HLO cannot be inspected in this "
-            "process; set it before the first XLA use, or call wancompile.runtime.configure(dump_dir=...) first."
-        )
-    d = Path(tempfile.mkdtemp(prefix="wancompile-hlo-"))
-    configure(dump_dir=d)
-    return d
 
 
 def current_dump_dir() -> Optional[Path]:

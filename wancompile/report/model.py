@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import entry_axes
