@@ -22,16 +22,9 @@ RESOLUTIONS = {"480p": (60, 104), "720p": (90, 160)}  # latent H×W for 832×480
 
 
 def capture(fn, *args) -> list[fx.GraphModule]:
-    graphs = []
+    from wancompile.capture import record_graphs
 
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(fn, backend=record)(*args)
-    return graphs
+    return record_graphs(fn, *args)
 
 
 def fresh(gm: fx.GraphModule) -> fx.GraphModule:

@@ -57,17 +57,28 @@ def tiny_capture(tiny_model, tiny_inputs):
     return capture_module(tiny_model, **tiny_inputs, return_dict=False, model="tiny")
 
 
-def run_script(args, num_devices, timeout=900):
-    """Run a Python script in a subprocess with its own virtual device count; return stdout."""
+def run_script(args, num_devices, timeout=900, stderr=False, **env_extra):
+    """Run a Python script in a subprocess with its own virtual device count (and extra environment
+    variables); return stdout, or (stdout, stderr) with ``stderr=True``."""
     import subprocess
 
     from wancompile.runtime import subprocess_env
 
-    env = subprocess_env(num_devices)
+    env = subprocess_env(num_devices, **env_extra)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, f"{args} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    return proc.stdout
+    return (proc.stdout, proc.stderr) if stderr else proc.stdout
+
+
+def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
+    """Run a fidelity script (one JSON object per ``FIDELITY {...}`` line); return (rows, stderr)."""
+    import json
+
+    out, err = run_script(args, num_devices, timeout=timeout, stderr=True, **env_extra)
+    rows = [json.loads(line[len("FIDELITY "):]) for line in out.splitlines() if line.startswith("FIDELITY ")]
+    assert len(rows) == expected, out[-3000:]
+    return rows, err
 
 
 # --- graphs as dynamo hands them to a backend (rewrite tests) ---------------------------------------

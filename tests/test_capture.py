@@ -92,21 +92,12 @@ def test_every_graph_of_the_streaming_vae_decode_is_annotated():
     readable by the planner, with its residual blocks identified."""
     from diffusers import AutoencoderKLWan
 
-    from wancompile.capture import annotate
+    from wancompile.capture import annotate, record_graphs
 
     torch.manual_seed(0)
     vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
                            temperal_downsample=[False, True, True]).eval()
-    graphs = []
-
-    def record(gm, example_inputs):
-        graphs.append(gm)
-        return gm.forward
-
-    torch._dynamo.reset()
-    with torch.no_grad():
-        torch.compile(vae.decode, backend=record)(torch.randn(1, 4, 3, 4, 4))
-    torch._dynamo.reset()
+    graphs = record_graphs(vae.decode, torch.randn(1, 4, 3, 4, 4))
     assert len(graphs) > 1
     annotated = [annotate(gm) for gm in graphs]
     assert all(unannotated(g) == [] for g in annotated)

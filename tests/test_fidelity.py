@@ -24,8 +24,6 @@ and compiled through the backend's ``plan`` option.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -43,16 +41,10 @@ MESHES = {
 
 
 def _run(mesh: str) -> tuple[list[dict], str]:
-    from wancompile.runtime import subprocess_env
+    from conftest import fidelity_rows
 
-    devices, _ = MESHES[mesh]
-    env = subprocess_env(devices)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    proc = subprocess.run([sys.executable, __file__, mesh], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, f"fidelity run on {mesh} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    rows = [json.loads(line[len("FIDELITY "):]) for line in proc.stdout.splitlines() if line.startswith("FIDELITY ")]
-    assert len(rows) == len(MESHES[mesh][1])
-    return rows, proc.stderr
+    devices, cases = MESHES[mesh]
+    return fidelity_rows([__file__, mesh], devices, len(cases))
 
 
 def _check(row: dict) -> None:

@@ -21,9 +21,7 @@ tests/test_fidelity.py does for Ulysses. The compiled program is checked against
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -41,18 +39,11 @@ SUITES = {
 }
 
 
-def _run(mesh: str, suite: str = "spatial") -> tuple[dict, str]:
-    from wancompile.runtime import subprocess_env
+def _run(mesh: str, suite: str = "spatial") -> tuple[list[dict], str]:
+    from conftest import fidelity_rows
 
-    devices = MESHES[mesh]
-    env = subprocess_env(devices)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    env["XLA_HLO_DEBUG"] = "1"  # op_type metadata on each HLO instruction: which aten op a collective came from
-    proc = subprocess.run([sys.executable, __file__, mesh, suite], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"VAE fidelity run on {mesh} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
-    rows = [json.loads(line[len("FIDELITY "):]) for line in proc.stdout.splitlines() if line.startswith("FIDELITY ")]
-    assert len(rows) == len(SUITES[suite]), proc.stdout[-3000:]
-    return rows, proc.stderr
+    # XLA_HLO_DEBUG: op_type metadata on each HLO instruction, i.e. which aten op a collective came from
+    return fidelity_rows([__file__, mesh, suite], MESHES[mesh], len(SUITES[suite]), timeout=600, XLA_HLO_DEBUG="1")
 
 
 @pytest.mark.slow

@@ -196,10 +196,9 @@ def _block_prefix(root: str) -> str:
 # --- running dynamo ----------------------------------------------------------------------------------
 
 
-def capture_fx(fn: Callable, *args: Any, **kwargs: Any) -> fx.GraphModule:
-    """Trace `fn(*args, **kwargs)` with dynamo into exactly one GraphModule (no execution of the
-    compiled graph: the recording backend returns the eager function). Raises CaptureError naming
-    the graph break if dynamo cannot capture one graph."""
+def record_graphs(fn: Callable, *args: Any, fullgraph: bool = False, **kwargs: Any) -> list[fx.GraphModule]:
+    """Every GraphModule dynamo hands a backend for `fn(*args, **kwargs)` (the recording backend
+    runs them eagerly), in order; with graph breaks there are several."""
     graphs: list[fx.GraphModule] = []
 
     def record(gm: fx.GraphModule, example_inputs: list) -> Callable:
@@ -207,18 +206,25 @@ def capture_fx(fn: Callable, *args: Any, **kwargs: Any) -> fx.GraphModule:
         return gm.forward
 
     torch._dynamo.reset()
-    compiled = torch.compile(fn, backend=record, fullgraph=True, dynamic=False)
     try:
         with torch.no_grad():
-            compiled(*args, **kwargs)
+            torch.compile(fn, backend=record, fullgraph=fullgraph, dynamic=False)(*args, **kwargs)
+    finally:
+        torch._dynamo.reset()
+    return graphs
+
+
+def capture_fx(fn: Callable, *args: Any, **kwargs: Any) -> fx.GraphModule:
+    """Trace `fn(*args, **kwargs)` with dynamo into exactly one GraphModule. Raises CaptureError
+    naming the graph break if dynamo cannot capture one graph."""
+    try:
+        graphs = record_graphs(fn, *args, fullgraph=True, **kwargs)
     except torch._dynamo.exc.Unsupported as e:
         raise CaptureError(
             f"dynamo could not capture {getattr(fn, '__qualname__', fn)!r} as one graph: {str(e).splitlines()[0]}. "
             "wan_autoshard plans whole graphs; remove the Python-side control flow that breaks the graph "
             "(for the VAE, call wancompile.enable_full_t(vae) first)."
         ) from e
-    finally:
-        torch._dynamo.reset()
     if len(graphs) != 1:
         raise CaptureError(f"expected one captured graph, got {len(graphs)}")
     return graphs[0]
