@@ -79,3 +79,16 @@ def test_a_graph_that_draws_random_numbers_is_not_replayed():
     a, b = compiled(x), compiled(x)
     assert not torch.equal(a, b)  # a replay with a frozen seed would repeat the same numbers
     assert last_program().not_replayed == "the graph draws random numbers (its seed must advance per call)"
+
+
+def test_a_graph_that_reads_a_device_value_on_the_host_is_not_frozen_into_a_replay():
+    from wancompile.backend import last_program
+
+    def f(x, scale):
+        return x * scale.cpu()  # lowered, a device -> host copy in mid-program
+
+    compiled = _compile(f, mesh="2x4")
+    x = torch.ones(8, 4)
+    for value in (2.0, 3.0):
+        assert torch.allclose(compiled(x, torch.tensor(value)), x * value)
+    assert last_program().not_replayed.startswith("the graph copies values to the host mid-program (cpu)")

@@ -11,8 +11,9 @@ their reads: docs/numerics.md), compiles the traced graph and records its hash a
 inputs comes from (a call argument, or a constant the trace made, such as a scalar). Every later call
 with that signature hands the arguments straight to ``torch_xla._XLAC._run_cached_graph`` — the
 mechanism torch_xla's dynamo bridge replays with — with no FX interpretation and no IR building.
-A graph that mutates an input, draws random numbers or returns an input unchanged is not replayed
-(the trace is re-run per call, as before; ``Replay.refused`` says why).
+A graph that mutates an input, draws random numbers, copies a device value to the host mid-program
+(its value would come back as a constant frozen into the replay) or returns an input unchanged is
+not replayed: it is traced per call, and ``ShardedProgram.not_replayed`` says why.
 
 Why not torch_xla's dynamo bridge itself (the ``openxla_eval`` backend): it re-sorts the FX graph by
 data edges (the RoPE write-order bug), and with SPMD and an in-graph constraint that reshards (the
@@ -124,6 +125,14 @@ class ParamCache:
 _TENSOR = object()  # marks a tensor output leaf in `Replay.leaves`
 
 
+def _host_reads() -> int:
+    """Device-to-host transfers so far in this process (torch_xla's metric)."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("TransferFromDeviceTime")
+    return data[0] if data else 0
+
+
 class Replay:
     """One traced and compiled program, replayed by graph hash.
 
@@ -138,13 +147,11 @@ class Replay:
         self.leaves, self.treespec = leaves, treespec  # output leaves, _TENSOR where a tensor goes
         self.runs = 0
 
-    refused: Optional[str] = None  # set on a trace that cannot be replayed: why
-
     @classmethod
-    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device
+    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device, refuse: str = ""
               ) -> tuple[Optional["Replay"], Any, str, list[int]]:
         """(replay or None, this call's output, why not replayable or "", positions of the arguments
-        the graph wrote into)."""
+        the graph wrote into); `refuse`: a reason known beforehand not to replay."""
         import torch.utils._pytree as pytree
         import torch_xla
 
@@ -153,14 +160,20 @@ class Replay:
         if any(C._check_tensor_need_materialization([a for _, a in tensor_args])):
             C._xla_sync_multi([a for _, a in tensor_args], devices=[], wait=True, sync_xla_data=True)
         arg_of = {C._xla_get_tensor_id(a): i for i, a in tensor_args}
+        host_reads = _host_reads()
         out = fn(*args)
+        host_reads = _host_reads() - host_reads
         leaves, treespec = pytree.tree_flatten(out)
         outs = [t for t in leaves if isinstance(t, torch.Tensor)]
         written = C._check_tensor_need_materialization([a for _, a in tensor_args])
         mutated = [i for (i, _), w in zip(tensor_args, written) if w]
-        why = ""
-        if mutated:
+        why = refuse
+        if why:
+            pass
+        elif mutated:
             why = "the graph writes into one of its inputs"
+        elif host_reads:
+            why = "the graph copies a device value to the host mid-program (a replay would freeze it)"
         elif not all(C._check_tensor_need_materialization(outs)):
             why = "the graph returns an input (or a constant) unchanged"
         if why:
@@ -204,7 +217,7 @@ class ShardedProgram:
                  fold: Optional[bool] = None) -> None:
         import torch_xla
 
-        from wancompile.fold import FoldedValues, split_parameter_subgraphs
+        from wancompile.fold import FoldedValues, moves_to_host, split_parameter_subgraphs
 
         self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
         self.hlo_path = self.fold_hlo_path = None
@@ -224,6 +237,9 @@ class ShardedProgram:
         if split is not None:
             self.fold = FoldedValues(split)
             self.lowered = split.main
+        moves = [n.name for n in self.lowered.graph.nodes if moves_to_host(n)]
+        self._host_moves = (f"the graph copies values to the host mid-program ({', '.join(moves)}): a replay "
+                            "would freeze them") if moves else None
         # per argument of the lowered program: its parameter name, None for inputs (folded values are
         # functions of parameters)
         self._signature_params = self._params + (["<folded>"] * len(self.fold.split.folded) if self.fold else [])
@@ -288,13 +304,14 @@ class ShardedProgram:
             xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
             xla_args += self._folded(args, xla_args)
         signature = self._signature(xla_args)
-        replay = self._replays.get(signature)
+        replay = self._replays.get(signature) if self._host_moves is None else None
         if replay is not None:
             out = replay(xla_args)
         else:
             dump = runtime.current_dump_dir() if self.hlo_path is None else None
             before = hlo.dump_state(dump) if dump else {}
-            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device)
+            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device,
+                                                     refuse=self._host_moves or "")
             self.traces += 1
             if replay is not None:
                 self._replays[signature] = replay
