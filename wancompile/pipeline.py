@@ -35,6 +35,7 @@ import torch
 log = logging.getLogger("wancompile")
 
 TRANSFORMERS = ("transformer", "transformer_2")
+DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
 
 
@@ -51,11 +52,14 @@ class PipelineCompilation:
     cfg: Optional["_CFGState"] = field(default=None, repr=False)
     decode: Any = field(default=None, repr=False)  # the compiled decode installed on pipe.vae
 
+    before: list = field(default_factory=list, repr=False)  # the backend's recent programs when compiled
+
     def programs(self) -> list:
-        """The `ShardedProgram`s the backend compiled for this pipeline's transformers (newest last)."""
+        """The DiT `ShardedProgram`s the backend compiled since `compile_pipeline` (newest last): this
+        pipeline's transformers', unless other modules were compiled in between."""
         from wancompile.backend import _RECENT
 
-        return [p for p in _RECENT if p.plan.model == "wan-dit"]
+        return [p for p in _RECENT if p.plan.model == "wan-dit" and not any(p is q for q in self.before)]
 
 
 def compilation(pipe) -> Optional[PipelineCompilation]:
@@ -78,8 +82,8 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
         dump_dir: decision dumps under ``dump_dir/transformer`` (the experts' shared graph) and
             ``dump_dir/vae``.
         fullgraph: passed to `torch.compile` for the transformers (the Wan DiT captures in one graph).
-        **options: further backend options (``rewrites``, ``verify``, ``plan``, ...); ``weight_sets``
-            defaults to the number of transformers.
+        **options: further backend options (``rewrites``, ``verify``, ...) for every component; ``plan``
+            and ``weight_sets`` (default: the number of transformers) go to the transformers only.
     """
     _check_pipeline(pipe)
     if vae is True:
@@ -100,7 +104,10 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
     from wancompile.options import Options
 
     Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
-    state = PipelineCompilation(options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_parallel)
+    from wancompile.backend import _RECENT
+
+    state = PipelineCompilation(options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_parallel,
+                                before=list(_RECENT))
     dump = Path(dump_dir) if dump_dir is not None else None
 
     # One options dict for every transformer: equal options let the experts share one compiled graph.
@@ -120,8 +127,9 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
         from wancompile.vae import installed_t_chunk, is_full_t_enabled
 
         state.vae_before = (True, installed_t_chunk(pipe.vae)) if is_full_t_enabled(pipe.vae) else (False, None)
-        vae_opts = dict(opts)
-        vae_opts.pop("weight_sets", None)  # the DiT experts' option; the VAE holds its own weights once
+        # `plan` (a DiT plan or "tt-xla") and `weight_sets` are the transformers' options; the VAE is planned
+        # by the VAE planner and holds its own weights once.
+        vae_opts = {k: v for k, v in opts.items() if k not in DIT_ONLY_OPTIONS}
         if dump is not None:
             vae_opts["dump_dir"] = str(dump / "vae")
         state.decode = _install_decode(pipe, vae, vae_opts, state)
