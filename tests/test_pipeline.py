@@ -136,6 +136,32 @@ def test_cfg_parallel_runs_the_guidance_pair_as_one_batch2_forward_with_the_same
     _check(on_again, _run(wancompile.restore_pipeline(pipe), "latent", seed=3), LATENTS_MAX_ABS)
 
 
+@pytest.mark.usefixtures("spmd")
+def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short():
+    import wancompile
+    from wancompile.models import TINY_PIPELINE_VAE, build_tiny_pipeline
+    from wancompile.pipeline import compilation, resident_weight_bytes
+    from wancompile.vae import choose_t_chunk, decode_memory
+
+    torch._dynamo.reset()
+    pipe = build_tiny_pipeline(two_experts=True)
+    pipe.set_progress_bar_config(disable=True)
+    ref = _run(pipe, "np", steps=2, frames=17)  # 5 latent frames
+    latent = (1, 16, 5, 4, 4)
+    weights = sum(p.numel() * p.element_size() for t in (pipe.transformer, pipe.transformer_2)
+                  for p in [*t.parameters(), *t.buffers()])  # replicated, both experts
+    memory = decode_memory(TINY_PIPELINE_VAE, latent)
+    budget = weights + memory.peak(2) + memory.per_frame // 2  # full-T (5 frames) does not fit, 2 frames do
+    wancompile.compile_pipeline(pipe, mesh="2x4", memory_gb=budget / 1e9)
+    frames = _run(pipe, "np", steps=2, frames=17)
+    _check(frames, ref, FRAMES_MAX_ABS)
+    state = compilation(pipe)
+    resident = resident_weight_bytes(state.programs())
+    assert resident == weights and state.programs()[-1].plan.sharded_params() == {}  # the plan replicates
+    (chosen,) = state.decode.t_chunks.values()
+    assert chosen is not None and chosen == choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident))
+
+
 def test_cfg_batched_falls_through_when_the_uncond_call_differs():
     """An uncond call with other inputs than the cond call's runs as a plain forward (never a stale half)."""
     from wancompile.pipeline import CFGBatched, _CFGState
