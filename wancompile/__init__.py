@@ -5,6 +5,17 @@
 
 __version__ = "0.1.0"
 
+from wancompile import runtime as _runtime  # noqa: E402
+
+# SPMD must be on before torch_xla's runtime starts; torch.compile(..., backend="wan_autoshard")
+# imports this package, so enabling it here makes compile-then-run safe (wancompile/runtime.py).
+if not _runtime.enable_spmd_early():
+    import warnings
+
+    warnings.warn("wancompile was imported after torch_xla's runtime started without SPMD; wan_autoshard "
+                  "compiles in this process will be refused (see wancompile/runtime.py). Import wancompile "
+                  "before the first XLA use.", RuntimeWarning, stacklevel=2)
+
 from wancompile.vae import disable_full_t, enable_full_t  # noqa: E402  (torch-free until called)
 
 

@@ -119,12 +119,13 @@ def _check_rewrites(plan: Plan, opts: Options) -> None:
 
 
 def _start_runtime(opts: Options) -> None:
-    """Virtual CPU devices when nothing else is configured; HLO dumps under dump_dir."""
+    """SPMD on (or a clear refusal: `runtime.require_spmd`); before the runtime starts, virtual CPU
+    devices for the mesh where none are configured, and HLO dumps under dump_dir."""
     if not runtime.runtime_started():
-        if "PJRT_DEVICE" not in os.environ or os.environ["PJRT_DEVICE"] == "CPU":
-            n = opts.mesh.size if opts.mesh is not None else None
-            runtime.configure(num_devices=n, dump_dir=(opts.dump_dir / "hlo") if opts.dump_dir and not runtime.current_dump_dir() else None)
-    runtime.use_spmd()
+        runtime.ensure_cpu_devices(opts.mesh.size if opts.mesh is not None else None, log)
+        if opts.dump_dir and not runtime.current_dump_dir():
+            runtime.configure(dump_dir=opts.dump_dir / "hlo")
+    runtime.require_spmd()
 
 
 def _model_name(gm: fx.GraphModule) -> str:

@@ -3,16 +3,23 @@
 What the partitioner sees (DESIGN.md §4): parameters get ``xs.mark_sharding`` on their XLA tensors
 before the first trace (they become the computation's input shardings); each activation constraint
 becomes a plain Python call of ``xs.mark_sharding`` inserted into the FX graph right after the op at
-the plan's `Location`, which torch_xla records as a sharding annotation on that HLO value. The
-graph then runs on XLA tensors under lazy tracing: each call traces the FX graph (Python cost
-only; ~10 µs per op) and torch_xla reuses the compiled computation cached under the trace's hash.
+the plan's `Location`, which torch_xla records as a sharding annotation on that HLO value.
 
-Why not torch_xla's dynamo bridge (the ``openxla_eval`` backend), which traces once and replays:
-with SPMD and an in-graph constraint that actually reshards (the block-stack SP entry, the K/V
-gather), torch_xla 2.9's bridge fails on its first replay with "Trying to access XLA data for tensor
-... while an async operation is in flight: UNKNOWN_SCALAR[]" (tests/test_lowering.py pins this);
-constraints that do not reshard and parameter shardings work there. The ``openxla`` AOT path
-rejects in-graph annotations altogether (DESIGN.md §4).
+Trace once, replay (`Replay`): the first call for an input signature runs the FX graph on XLA tensors
+under lazy tracing in program order (so diffusers' RoPE ``out[..., 0::2] = ...`` writes stay before
+their reads: docs/numerics.md), compiles the traced graph and records its hash and where each of its
+inputs comes from (a call argument, or a constant the trace made, such as a scalar). Every later call
+with that signature hands the arguments straight to ``torch_xla._XLAC._run_cached_graph`` — the
+mechanism torch_xla's dynamo bridge replays with — with no FX interpretation and no IR building.
+A graph that mutates an input, draws random numbers or returns an input unchanged is not replayed
+(the trace is re-run per call, as before; ``Replay.refused`` says why).
+
+Why not torch_xla's dynamo bridge itself (the ``openxla_eval`` backend): it re-sorts the FX graph by
+data edges (the RoPE write-order bug), and with SPMD and an in-graph constraint that reshards (the
+block-stack SP entry, the K/V gather) torch_xla 2.9's bridge fails on its first replay with "Trying to
+access XLA data for tensor ... while an async operation is in flight: UNKNOWN_SCALAR[]"
+(tests/test_lowering.py pins this). The ``openxla`` AOT path rejects in-graph annotations altogether
+(DESIGN.md §4).
 
 This is the only module that imports torch_xla's SPMD API.
 """
@@ -113,6 +120,71 @@ class ParamCache:
         return x
 
 
+_TENSOR = object()  # marks a tensor output leaf in `Replay.leaves`
+
+
+class Replay:
+    """One traced and compiled program, replayed by graph hash.
+
+    `trace` runs `fn` once on `args` (XLA tensors holding device data, or Python values), compiles
+    the graph rooted at its tensor outputs and runs it; afterwards ``replay(args)`` runs the cached
+    computation on new arguments of the same signature. ``sources[i]`` is the argument position of
+    the computation's i-th input, or None for a constant of the trace (kept in ``constants``)."""
+
+    def __init__(self, graph_hash: Any, sources: list[Optional[int]], constants: list[Optional[torch.Tensor]],
+                 leaves: list[Any], treespec: Any) -> None:
+        self.graph_hash, self.sources, self.constants = graph_hash, sources, constants
+        self.leaves, self.treespec = leaves, treespec  # output leaves, _TENSOR where a tensor goes
+        self.runs = 0
+
+    refused: Optional[str] = None  # set on a trace that cannot be replayed: why
+
+    @classmethod
+    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device) -> tuple[Optional["Replay"], Any, str]:
+        """(replay or None, this call's output, why not replayable or "")."""
+        import torch.utils._pytree as pytree
+        import torch_xla
+
+        C = torch_xla._XLAC
+        tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if any(C._check_tensor_need_materialization([a for _, a in tensor_args])):
+            C._xla_sync_multi([a for _, a in tensor_args], devices=[], wait=True, sync_xla_data=True)
+        arg_of = {C._xla_get_tensor_id(a): i for i, a in tensor_args}
+        out = fn(*args)
+        leaves, treespec = pytree.tree_flatten(out)
+        outs = [t for t in leaves if isinstance(t, torch.Tensor)]
+        why = ""
+        if any(C._check_tensor_need_materialization([a for _, a in tensor_args])):
+            why = "the graph writes into one of its inputs"
+        elif not all(C._check_tensor_need_materialization(outs)):
+            why = "the graph returns an input (or a constant) unchanged"
+        if why:
+            torch_xla.sync()
+            return None, out, why
+        ids, values = C._get_tensors_xla_device_data_node(outs)
+        if C._get_seed_info_id() in ids:
+            torch_xla.sync()
+            return None, out, "the graph draws random numbers (its seed must advance per call)"
+        sources = [arg_of.get(i) for i in ids]
+        constants = [None if src is not None else v for src, v in zip(sources, values)]
+        graph_hash = C._get_graph_hash(outs)
+        C._xla_warm_up_cache(outs, [])
+        C._clear_pending_irs(str(device))
+        replay = cls(graph_hash, sources, constants,
+                     [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves], treespec)
+        return replay, replay(args), ""
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        import torch.utils._pytree as pytree
+        import torch_xla
+
+        inputs = [args[src] if src is not None else const for src, const in zip(self.sources, self.constants)]
+        results = iter(torch_xla._XLAC._run_cached_graph(self.graph_hash, inputs))
+        self.runs += 1
+        return pytree.tree_unflatten([next(results) if leaf is _TENSOR else leaf for leaf in self.leaves],
+                                     self.treespec)
+
+
 class ShardedProgram:
     """A captured graph lowered under a plan: call it with the graph's inputs (host or XLA).
 
@@ -137,11 +209,17 @@ class ShardedProgram:
         self._params = [n.param for n in placeholders]
         self._input_specs = self._placeholder_specs(placeholders)
         self._cache = ParamCache()
+        self._replays: dict[tuple, Replay] = {}
+        self.traces = 0  # how many times the FX graph was traced (once per input signature when replayed)
+        self.not_replayed: Optional[str] = None  # why the last trace could not be replayed
         self.fold = None  # FoldedValues, when the graph has parameter-only subgraphs
         split = split_parameter_subgraphs(self.lowered, self._params) if (self.fold_parameters if fold is None else fold) else None
         if split is not None:
             self.fold = FoldedValues(split)
             self.lowered = split.main
+        # per argument of the lowered program: its parameter name, None for inputs (folded values are
+        # functions of parameters)
+        self._signature_params = self._params + (["<folded>"] * len(self.fold.split.folded) if self.fold else [])
 
     def _placeholder_specs(self, placeholders) -> list[Optional[PartitionSpec]]:
         """Sharding for each placeholder: the plan's parameter spec, or an activation constraint
@@ -184,8 +262,6 @@ class ShardedProgram:
             self._mark(spec)(x)
 
     def __call__(self, *args: Any) -> Any:
-        import torch_xla
-
         from wancompile import hlo, runtime
 
         host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
@@ -193,20 +269,35 @@ class ShardedProgram:
         if self.fold is not None:
             xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
             xla_args += self._folded(args, xla_args)
-        dump = runtime.current_dump_dir() if self.hlo_path is None else None
-        before = hlo.dump_state(dump) if dump else {}
-        out = self.lowered(*xla_args)
-        torch_xla.sync()
-        if dump:
-            key = self._program_key(xla_args)
-            new = hlo.new_modules(dump, before)
-            if new:
-                _HLO_BY_PROGRAM[key] = hlo.main_module(new)
-            # No new dump: XLA reused an identical compiled program (same code, plan and shapes).
-            self.hlo_path = _HLO_BY_PROGRAM.get(key)
+        signature = self._signature(xla_args)
+        replay = self._replays.get(signature)
+        if replay is not None:
+            out = replay(xla_args)
+        else:
+            dump = runtime.current_dump_dir() if self.hlo_path is None else None
+            before = hlo.dump_state(dump) if dump else {}
+            replay, out, why = Replay.trace(self.lowered, xla_args, self.device)
+            self.traces += 1
+            if replay is not None:
+                self._replays[signature] = replay
+            else:
+                self.not_replayed = why
+            if dump:
+                key = self._program_key(xla_args)
+                new = hlo.new_modules(dump, before)
+                if new:
+                    _HLO_BY_PROGRAM[key] = hlo.main_module(new)
+                # No new dump: XLA reused an identical compiled program (same code, plan and shapes).
+                self.hlo_path = _HLO_BY_PROGRAM.get(key)
         if host is None:
             return out
         return _to_host(out, host)
+
+    def _signature(self, xla_args: Sequence[Any]) -> tuple:
+        """What a replay is specialised to beyond dynamo's own guards: the sizes of the inputs that are
+        not parameters (they vary under ``dynamic=True``) and the values of non-tensor arguments."""
+        return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                     for a, param in zip(xla_args, self._signature_params) if param is None)
 
     def _folded(self, args: Sequence[Any], xla_args: Sequence[Any]) -> list[torch.Tensor]:
         """The fold program's values (cached per parameter version); its HLO is recorded apart."""
