@@ -162,6 +162,37 @@ def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short
     assert chosen is not None and chosen == choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident))
 
 
+@pytest.mark.usefixtures("spmd")
+def test_replayed_dit_follows_every_call_s_timestep_and_latents():
+    """diffusers' norm_out writes ``shift.to(hidden_states.device)``: traced on the host, a literal
+    ``.to(cpu)`` that, lowered as is, executes mid-trace and freezes the first call's value into the
+    replayed program (wancompile.legalize.drop_device_moves)."""
+    import wancompile
+    from wancompile.models import build_tiny_pipeline
+    from wancompile.pipeline import compilation
+
+    torch._dynamo.reset()
+    pipe = build_tiny_pipeline(two_experts=False)
+    model = pipe.transformer
+    wancompile.compile_pipeline(pipe, mesh="2x4", vae=None)
+    g = torch.Generator().manual_seed(0)
+    x, e = torch.randn(1, 16, 3, 4, 4, generator=g), torch.randn(1, 16, 32, generator=g)
+    with torch.no_grad():
+        for t in (999.0, 500.0, 10.0):
+            _check(pipe.transformer(x, torch.tensor([t]), e, return_dict=False)[0],
+                   model(x, torch.tensor([t]), e, return_dict=False)[0], LATENTS_MAX_ABS)
+        x = torch.randn(1, 16, 3, 4, 4, generator=g)
+        _check(pipe.transformer(x, torch.tensor([3.0]), e, return_dict=False)[0],
+               model(x, torch.tensor([3.0]), e, return_dict=False)[0], LATENTS_MAX_ABS)
+    (program,) = compilation(pipe).programs()
+    source_moves = [n for n in program.source.graph.nodes if n.op == "call_method" and n.target == "to"
+                    and any(isinstance(a, torch.device) for a in n.args[1:])]
+    assert {n.name for n in source_moves} >= {"shift_1", "scale_1"}  # norm_out's shift and scale (and more)
+    assert not [n for n in program.lowered.graph.nodes if n.op == "call_method" and n.target == "to"
+                and any(isinstance(a, torch.device) for a in n.args[1:])]
+    assert program.traces == 1 and sum(r.runs for r in program._replays.values()) == 4  # traced once, replayed
+
+
 def test_cfg_batched_falls_through_when_the_uncond_call_differs():
     """An uncond call with other inputs than the cond call's runs as a plain forward (never a stale half)."""
     from wancompile.pipeline import CFGBatched, _CFGState

@@ -52,10 +52,9 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
     model = _model_name(gm)
     gm, records = _rewrite(gm, mesh, opts)
     if model == "wan-vae":  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
-        from wancompile.vae.legalize import drop_device_moves, fold_conv_padding
+        from wancompile.vae.legalize import fold_conv_padding
 
         gm, _ = fold_conv_padding(gm)
-        gm, _ = drop_device_moves(gm)  # chunked-T: the carried frames' cache_x.to(<trace device>)
     graph = annotate(gm, model=model)
     plan = _plan_for(graph, mesh, opts, symbol_values(gm))
     if isinstance(opts.plan, Path):

@@ -66,29 +66,3 @@ def _unpad_meta(node: fx.Node, pads: list) -> None:
             else:
                 node.meta[key] = old.new_empty(shape)
 
-
-def drop_device_moves(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
-    """A copy of `gm` without ``t.to(<device>)`` calls that only name a device; returns it and how many went.
-
-    diffusers' `WanCausalConv3d` moves the carried frames to the input's device
-    (``cache_x.to(x.device)``). Dynamo records the device it traced with (the host CPU) as a literal, so
-    in a chunked-T decode lowered to XLA the history would be copied to the host in mid-graph and the
-    next op would mix host and XLA tensors. The lowered program runs every tensor on the XLA device, so
-    such a move is an identity there."""
-    gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
-    count = 0
-    for node in list(gm.graph.nodes):
-        if node.op != "call_method" or node.target != "to" or not isinstance(node.args[0], fx.Node):
-            continue
-        extra = set(node.kwargs) - {"device", "non_blocking", "copy"}
-        devices = [*node.args[1:], *([node.kwargs["device"]] if "device" in node.kwargs else [])]
-        if extra or len(devices) != 1 or not isinstance(devices[0], (torch.device, str)) or node.kwargs.get("copy"):
-            continue
-        if isinstance(devices[0], str) and devices[0].split(":")[0] not in ("cpu", "cuda", "xla", "meta"):
-            continue  # a dtype name or something else, not a device
-        node.replace_all_uses_with(node.args[0])
-        gm.graph.erase_node(node)
-        count += 1
-    gm.graph.lint()
-    gm.recompile()
-    return gm, count
