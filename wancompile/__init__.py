@@ -18,4 +18,20 @@ if not _runtime.enable_spmd_early():
 
 from wancompile.vae import disable_full_t, enable_full_t  # noqa: E402  (torch-free until called)
 
-__all__ = ["enable_full_t", "disable_full_t", "__version__"]
+
+
+def compile_pipeline(pipe, *args, **kwargs):
+    """Compile a diffusers `WanPipeline`'s transformer(s) and VAE decode; see `wancompile.pipeline.compile_pipeline`."""
+    from wancompile.pipeline import compile_pipeline as _compile_pipeline
+
+    return _compile_pipeline(pipe, *args, **kwargs)
+
+
+def restore_pipeline(pipe):
+    """Undo `compile_pipeline`; see `wancompile.pipeline.restore_pipeline`."""
+    from wancompile.pipeline import restore_pipeline as _restore_pipeline
+
+    return _restore_pipeline(pipe)
+
+
+__all__ = ["compile_pipeline", "restore_pipeline", "enable_full_t", "disable_full_t", "__version__"]

@@ -147,6 +147,10 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
             )
         if plan.mesh.axis_names != mesh.axis_names:
             raise PlanError(f"plan {opts.plan} names mesh axes {plan.mesh.axis_names}, this mesh has {mesh.axis_names}")
+        if plan.weight_sets is not None and plan.weight_sets < opts.weight_sets:
+            log.warning("wan_autoshard: plan %s was budgeted for %d resident weight set(s) but weight_sets=%d; it may not "
+                        "fit device memory. Re-plan with weight_sets=%d (drop the `plan` option).",
+                        opts.plan, plan.weight_sets, opts.weight_sets, opts.weight_sets)
         return plan
     return solve(graph, mesh, opts, values)
 
@@ -181,7 +185,8 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
         return plan_vae(graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model)
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)
-        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model, values=values or None)
+        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model, values=values or None,
+                          weight_copies=opts.weight_sets)
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
 

@@ -44,6 +44,8 @@ class Options:
     verify: bool = False
     # Graph rewrites to run before planning: a tuple of names from REWRITE_NAMES.
     rewrites: tuple[str, ...] = ()
+    # Weight sets resident per device that the memory budget must hold (2 for both Wan 2.2 A14B experts).
+    weight_sets: int = 1
 
     @classmethod
     def from_user(cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> "Options":
@@ -63,7 +65,8 @@ class Options:
         return _parse(raw)
 
 
-_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites"})
+_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites",
+                    "weight_sets"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -112,6 +115,15 @@ def _parse(raw: dict[str, Any]) -> Options:
                 f"or a built-in plan: {', '.join(BUILTIN_PLANS)}"
             )
 
+    weight_sets = raw.get("weight_sets", 1)
+    try:
+        ok = not isinstance(weight_sets, bool) and float(weight_sets) == int(weight_sets) and int(weight_sets) >= 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise OptionsError(f"option 'weight_sets' must be an integer >= 1 (weight sets resident per device, e.g. 2 "
+                           f"for both Wan 2.2 experts), got {weight_sets!r}")
+
     return Options(
         mesh=mesh,
         xla_mesh=xla_mesh,
@@ -121,6 +133,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         memory_gb=memory_gb,
         verify=verify,
         rewrites=_parse_rewrites(raw.get("rewrites", "none")),
+        weight_sets=int(weight_sets),
     )
 
 
