@@ -113,6 +113,73 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class CfgOption:
+    """One way to run a denoising step's CFG pair (a batch-2 forward), as the planner priced it.
+
+    ``name`` is ``off`` (the batch-2 plan on the whole mesh) or ``split(AXIS)`` (mesh axis AXIS halved:
+    each half runs one branch's plan on its submesh). Times are per denoising step (cond + uncond);
+    ``None`` where no plan exists (``reason`` says why: memory, divisibility)."""
+
+    name: str
+    mesh: MeshSpec  # the mesh this option's plan is made on (3-D for a split)
+    split_axis: Optional[str] = None  # axis of the user's mesh that was halved
+    step_seconds: Optional[float] = None
+    compute_seconds: Optional[float] = None
+    comm_seconds: Optional[float] = None
+    memory_bytes_per_device: Optional[int] = None
+    reason: str = ""
+
+    @property
+    def feasible(self) -> bool:
+        return self.step_seconds is not None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "mesh": self.mesh.to_json(), "split_axis": self.split_axis,
+                "step_seconds": self.step_seconds, "compute_seconds": self.compute_seconds,
+                "comm_seconds": self.comm_seconds, "memory_bytes_per_device": self.memory_bytes_per_device,
+                "feasible": self.feasible, "reason": self.reason}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "CfgOption":
+        mem = d.get("memory_bytes_per_device")
+        return cls(str(d["name"]), MeshSpec.from_json(d["mesh"]), d.get("split_axis"), d.get("step_seconds"),
+                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem), str(d.get("reason", "")))
+
+
+@dataclass(frozen=True)
+class CfgParallel:
+    """The CFG-parallel decision of a batch-2 DiT plan (`planner.cfg`): what was asked (``mode``:
+    auto / on / off), every option with its cost, the chosen one, and the user's mesh (the plan's own
+    ``mesh`` is the split 3-D mesh when a split was chosen)."""
+
+    mode: str
+    chosen: str
+    base_mesh: MeshSpec
+    batch: int
+    options: tuple[CfgOption, ...]
+    axis: str = "cfg"
+
+    def option(self, name: str) -> CfgOption:
+        return next(o for o in self.options if o.name == name)
+
+    @property
+    def split(self) -> bool:
+        return self.chosen != "off"
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "chosen": self.chosen, "axis": self.axis, "base_mesh": self.base_mesh.to_json(),
+                "batch": self.batch, "options": [o.to_json() for o in self.options]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "CfgParallel":
+        out = cls(str(d["mode"]), str(d["chosen"]), MeshSpec.from_json(d["base_mesh"]), int(d["batch"]),
+                  tuple(CfgOption.from_json(o) for o in d["options"]), str(d.get("axis", "cfg")))
+        if out.chosen not in {o.name for o in out.options}:
+            raise PlanError(f"plan.json cfg_parallel.chosen {out.chosen!r} is none of its options")
+        return out
+
+
+@dataclass(frozen=True)
 class RewriteRecord:
     name: str
     count: int
@@ -137,6 +204,12 @@ class Plan:
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
     guards: tuple[Guard, ...] = ()  # divisibility the plan assumes of symbolic dims (planner.guards)
+    cfg_parallel: Optional[CfgParallel] = None  # batch-2 DiT plans: the CFG-parallel choice (planner.cfg)
+
+    @property
+    def user_mesh(self) -> MeshSpec:
+        """The mesh the plan was asked for: ``mesh`` itself, or the unsplit mesh of a CFG-split plan."""
+        return self.cfg_parallel.base_mesh if self.cfg_parallel is not None else self.mesh
 
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
@@ -217,6 +290,7 @@ class Plan:
             "rewrites": [r.to_json() for r in self.rewrites],
             "notes": list(self.notes),
             "guards": [{"expr": g.expr, "divisor": g.divisor, "what": g.what} for g in self.guards],
+            **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {}),
         }
 
     @classmethod
@@ -246,6 +320,7 @@ class Plan:
                 rewrites=tuple(RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ()))) for r in data.get("rewrites", [])),
                 notes=tuple(data.get("notes", ())),
                 guards=tuple(Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])),
+                cfg_parallel=CfgParallel.from_json(data["cfg_parallel"]) if data.get("cfg_parallel") is not None else None,
             )
         except PlanError:
             raise

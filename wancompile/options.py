@@ -44,6 +44,8 @@ class Options:
     verify: bool = False
     # Graph rewrites to run before planning: a tuple of names from REWRITE_NAMES.
     rewrites: tuple[str, ...] = ()
+    # CFG parallel for batch-2 DiT graphs (planner.cfg): "auto" (the cost model decides), "on", "off".
+    cfg_parallel: str = "auto"
 
     @classmethod
     def from_user(cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> "Options":
@@ -63,7 +65,7 @@ class Options:
         return _parse(raw)
 
 
-_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites"})
+_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites", "cfg_parallel"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -121,7 +123,18 @@ def _parse(raw: dict[str, Any]) -> Options:
         memory_gb=memory_gb,
         verify=verify,
         rewrites=_parse_rewrites(raw.get("rewrites", "none")),
+        cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
     )
+
+
+def _parse_cfg(value: Any) -> str:
+    from planner.cfg import normalize_mode
+    from planner.plan import PlanError
+
+    try:
+        return normalize_mode(value)
+    except PlanError:
+        raise OptionsError(f"option 'cfg_parallel' must be 'auto', 'on'/True or 'off'/False, got {value!r}") from None
 
 
 def _default_names(ndim: int) -> tuple[str, ...]:
