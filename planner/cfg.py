@@ -87,6 +87,14 @@ def split_profile(hw: HardwareProfile, mesh: MeshSpec, axis: str) -> HardwarePro
     return replace(hw, mesh_shape=split.shape, axes=tuple(links[:i] + [cfg, segment] + links[i + 1:]))
 
 
+def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
+    """The profile a plan was priced with: `hw` itself, or its split form for a CFG-split plan."""
+    c = plan.cfg_parallel
+    if c is None or not c.split:
+        return hw
+    return split_profile(hw, c.base_mesh, c.option(c.chosen).split_axis)
+
+
 def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile] = "wh-loudbox", *,
              cfg_parallel: Union[str, bool, None] = "auto", cfg_axes: Optional[tuple[str, ...]] = None,
              **kwargs: Any) -> Plan:
