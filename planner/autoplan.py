@@ -27,7 +27,7 @@ from planner.hardware import HardwareProfile, get_profile
 from planner.ilp import Edge, Group, Infeasible, Option, solve
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
-from planner.plan import ActivationConstraint, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
+from planner.plan import ActivationConstraint, BudgetError, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
 from planner.propagate import Evaluation, evaluate, redistribute
 from planner.strategies import Macro, Strategy, Structure, find_structure, strategies
 
@@ -78,11 +78,11 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
         res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
     except Infeasible:
         need = ctx.min_memory(groups) + fixed
-        raise PlanError(
+        raise BudgetError(
             f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
             f" x{weight_copies} weight set(s): the smallest plan needs {need / 1e9:.6g} GB per device. Raise memory_gb to at least "
-            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices."
-        ) from None
+            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices.",
+            budget_bytes=budget, need_bytes=need) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)
     return ctx.assemble(chosen, res, decisions, model or graph.model)

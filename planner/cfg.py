@@ -34,11 +34,19 @@ from typing import Any, Optional, Union
 from planner.graph import Graph
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import MeshSpec
-from planner.plan import CfgOption, CfgParallel, Decision, Plan, PlanError
+from planner.plan import BudgetError, CfgOption, CfgParallel, Decision, Plan, PlanError
 from planner.strategies import find_structure
 
 CFG_AXIS = "cfg"
 MODES = ("auto", "on", "off")
+
+
+class CfgInfeasible(PlanError):
+    """No allowed CFG option has a plan; ``options`` holds every option as priced (with its reason)."""
+
+    def __init__(self, message: str, options: tuple[CfgOption, ...]) -> None:
+        super().__init__(message)
+        self.options = options
 
 
 def normalize_mode(value: Union[str, bool, None]) -> str:
@@ -132,7 +140,7 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
     allowed = [o for o in options if o.feasible and (mode == "auto" or (mode == "on") == (o.split_axis is not None))]
     if not allowed:
         why = "; ".join(f"{o.name}: {o.reason}" for o in options if mode == "auto" or (mode == "on") == (o.split_axis is not None))
-        raise PlanError(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"))
+        raise CfgInfeasible(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"), tuple(options))
     best = min(allowed, key=lambda o: (o.step_seconds, o.split_axis is not None))
     record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
     plan = plans[best.name]
@@ -144,7 +152,7 @@ def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -
     try:
         plan = make()
     except PlanError as e:
-        return CfgOption(name, mesh, axis, reason=str(e))
+        return CfgOption(name, mesh, axis, reason=str(e), memory_needed_bytes=e.need_bytes if isinstance(e, BudgetError) else None)
     plans[name] = plan
     p = plan.predicted
     return CfgOption(name, mesh, axis, p.step_seconds, p.compute_seconds, p.comm_seconds, p.memory_bytes_per_device)

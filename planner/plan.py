@@ -32,6 +32,15 @@ class PlanError(ValueError):
     """A plan that cannot be applied to this model or mesh; the message names the fix."""
 
 
+class BudgetError(PlanError):
+    """No plan fits the per-device memory budget: the budget and a lower bound on what the smallest plan
+    needs (cheapest weights of every macro + the largest of their smallest activation sets), in bytes."""
+
+    def __init__(self, message: str, *, budget_bytes: float, need_bytes: float) -> None:
+        super().__init__(message)
+        self.budget_bytes, self.need_bytes = int(budget_bytes), int(need_bytes)
+
+
 @dataclass(frozen=True)
 class ActivationConstraint:
     """Constrain output ``output`` of the op at ``location`` to ``spec``."""
@@ -128,6 +137,7 @@ class CfgOption:
     comm_seconds: Optional[float] = None
     memory_bytes_per_device: Optional[int] = None
     reason: str = ""
+    memory_needed_bytes: Optional[int] = None  # no plan fits memory: a lower bound on what the smallest plan needs
 
     @property
     def feasible(self) -> bool:
@@ -137,13 +147,14 @@ class CfgOption:
         return {"name": self.name, "mesh": self.mesh.to_json(), "split_axis": self.split_axis,
                 "step_seconds": self.step_seconds, "compute_seconds": self.compute_seconds,
                 "comm_seconds": self.comm_seconds, "memory_bytes_per_device": self.memory_bytes_per_device,
-                "feasible": self.feasible, "reason": self.reason}
+                "feasible": self.feasible, "reason": self.reason, "memory_needed_bytes": self.memory_needed_bytes}
 
     @classmethod
     def from_json(cls, d: Mapping) -> "CfgOption":
         mem = d.get("memory_bytes_per_device")
         return cls(str(d["name"]), MeshSpec.from_json(d["mesh"]), d.get("split_axis"), d.get("step_seconds"),
-                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem), str(d.get("reason", "")))
+                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem), str(d.get("reason", "")),
+                   None if d.get("memory_needed_bytes") is None else int(d["memory_needed_bytes"]))
 
 
 @dataclass(frozen=True)
