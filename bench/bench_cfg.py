@@ -7,8 +7,9 @@ forward, captured on the meta device: 2 blocks, planned for 40) is planned by `p
 which prices every option: ``off`` (the batch-2 plan on the whole mesh) and ``split(AXIS)`` (AXIS
 halved: one branch per half, the batch-1 plan on the submesh). For reference the table also gives two
 sequential batch-1 forwards on the whole mesh (what WanPipeline runs without CFG batching). Printed as
-a markdown table: predicted ms per step, GB per device, the option chosen under ``auto``, and why an
-option has no plan (memory).
+a markdown table: predicted ms per step (compute + comm), GB per device, the option chosen under
+``auto``, and where an option has no plan, the budget and the planner's lower bound on what it needs.
+Rows for both experts resident (the A14B pipeline) and for one.
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ def capture(resolution: str, batch: int, layers: int = 2):
     return capture_module(m, **inp, return_dict=False, model=MODEL)[0]
 
 
-def _ms(o) -> str:
-    return f"{o.step_seconds * 1e3:.0f}" if o.feasible else "no plan"
-
-
-def _gb(o) -> str:
-    return f"{o.memory_bytes_per_device / 1e9:.1f}" if o.feasible else "–"
+def _cell(o, hw) -> str:
+    if o.feasible:
+        return (f"{o.step_seconds * 1e3:.0f} = {o.compute_seconds * 1e3:.0f} + {o.comm_seconds * 1e3:.0f} "
+                f"({o.memory_bytes_per_device / 1e9:.1f} GB)")
+    if o.memory_needed_bytes is not None:
+        return f"no plan fits {float(hw.dram_bytes) / 1e9:.0f} GB (bound ≥ {o.memory_needed_bytes / 1e9:.1f})"
+    return f"no plan: {o.reason}"
 
 
 def main() -> None:
@@ -43,33 +45,31 @@ def main() -> None:
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
 
-    print("| res | mesh | hardware | 2× batch-1 fwd ms | off: ms/step | off GB/dev | split | split: ms/step | split comm ms "
-          "| split GB/dev | chosen (auto) | off / split | why an option has no plan |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("ms per denoising step = compute + comm (GB per device)\n")
+    print("| res | mesh | hardware | experts resident | 2× batch-1 fwd ms | off | split(batch) | split(model) "
+          "| chosen (auto) | off / chosen |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for res in ("480p", "720p"):
         g1, g2 = capture(res, 1), capture(res, 2)
         for mesh_s, hw_name in CASES:
             mesh, hw = parse_mesh(mesh_s), get_profile(hw_name)
-            try:
-                two = f"{2 * plan_graph(g1, mesh, hw, num_blocks=40, weight_copies=2).predicted.step_seconds * 1e3:.0f}"
-            except PlanError:
-                two = "no plan"
-            try:
-                options, chosen = None, None
-                plan = plan_dit(g2, mesh, hw, cfg_parallel="auto", num_blocks=40, weight_copies=2)
-                options, chosen = plan.cfg_parallel.options, plan.cfg_parallel.chosen
-            except CfgInfeasible as e:  # no option fits memory: the table says what each needs
-                options, chosen = e.options, "none fits"
-            off = next(o for o in options if o.name == "off")
-            splits = [o for o in options if o.split_axis is not None]
-            best = min((o for o in splits if o.feasible), key=lambda o: o.step_seconds, default=splits[0])
-            ratio = f"{off.step_seconds / best.step_seconds:.2f}" if off.feasible and best.feasible else "–"
-            why = "; ".join(f"{o.name}: needs ≥ {o.memory_needed_bytes / 1e9:.1f} GB/device > {float(hw.dram_bytes) / 1e9:.0f} GB"
-                            if o.memory_needed_bytes is not None else f"{o.name}: {o.reason}"
-                            for o in options if not o.feasible) or "–"
-            comm = f"{best.comm_seconds * 1e3:.0f}" if best.feasible else "–"
-            print(f"| {res} | {mesh_s} | {hw_name} | {two} | {_ms(off)} | {_gb(off)} | {best.name} on {best.mesh} | {_ms(best)} | "
-                  f"{comm} | {_gb(best)} | **{chosen}** | {ratio} | {why} |")
+            for experts in (2, 1):
+                try:
+                    two = f"{2 * plan_graph(g1, mesh, hw, num_blocks=40, weight_copies=experts).predicted.step_seconds * 1e3:.0f}"
+                except PlanError:
+                    two = "no plan fits"
+                try:
+                    plan = plan_dit(g2, mesh, hw, cfg_parallel="auto", num_blocks=40, weight_copies=experts)
+                    options, chosen = plan.cfg_parallel.options, plan.cfg_parallel.chosen
+                except CfgInfeasible as e:  # no option fits memory: the row says what each needs
+                    options, chosen = e.options, "none fits"
+                by = {o.name: o for o in options}
+                off = by["off"]
+                win = by.get(chosen)
+                ratio = f"{off.step_seconds / win.step_seconds:.2f}" if win is not None and off.feasible else "–"
+                cells = [_cell(by[n], hw) if n in by else "–" for n in ("off", "split(batch)", "split(model)")]
+                print(f"| {res} | {mesh_s} | {hw_name} | {experts} | {two} | " + " | ".join(cells)
+                      + f" | **{chosen}** | {ratio} |")
 
 
 if __name__ == "__main__":
