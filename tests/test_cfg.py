@@ -209,3 +209,18 @@ def test_backend_plans_a_pair_split_and_matches_two_eager_forwards(spmd, tiny_mo
     assert json.loads((tmp_path / "plan.json").read_text())["cfg_parallel"]["chosen"] == c.chosen
     result = numerics(out[0], eager)
     assert result.pcc >= 0.99999 and result.max_abs < 1e-5, result
+
+
+def test_cli_plans_the_pair_and_refuses_forcing_a_single_forward(tmp_path, capsys):
+    from wancompile.cli import main
+
+    tiny = ["plan", "--model", "tiny", "--resolution", "tiny", "--frames", "9", "--mesh", "2x4", "--hardware", "wh-loudbox",
+            "--memory-gb", "0.00035"]
+    assert main([*tiny, "--batch", "2", "--cfg-parallel", "on", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    data = json.loads((tmp_path / "plan.json").read_text())
+    c = data["cfg_parallel"]
+    assert c["mode"] == "on" and c["chosen"].startswith("split(") and "cfg" in data["mesh"]["axis_names"]
+    assert f"CFG parallel (on): chosen {c['chosen']}" in out
+    assert main([*tiny, "--cfg-parallel", "on", "--out", str(tmp_path / "single")]) == 2
+    assert "needs the CFG pair as one forward of even batch" in capsys.readouterr().err
