@@ -89,8 +89,8 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
 
 
 class _Ctx:
-    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, st: Structure, n: int, copies: int, vals: dict,
-                 batch_axes: tuple[str, ...] = ()):
+    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, st: Structure, n: int, copies: int,
+                 vals: dict, batch_axes: tuple[str, ...] = ()):
         self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
         self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
         self.inputs = self._batch_inputs()
@@ -101,7 +101,8 @@ class _Ctx:
     # --- pricing ------------------------------------------------------------------------------
 
     def _base_layouts(self) -> dict:
-        ev = evaluate(self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary=self.inputs, values=self.vals)
+        ev = evaluate(self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary=self.inputs,
+                      values=self.vals)
         return ev.layouts
 
     def _batch_inputs(self) -> dict:
@@ -124,12 +125,14 @@ class _Ctx:
         if not self.batch_axes:
             return frozenset()
         ev = evaluate(self.g, list(self.g), self.mesh, self.hw, boundary=self.inputs, values=self.vals)
+        k = len(self.batch_axes)
         out = frozenset(name for name, lays in ev.layouts.items()
-                        if lays and lays[0] is not None and lays[0].ndim and lays[0].dims[0][:len(self.batch_axes)] == self.batch_axes)
+                        if lays and lays[0] is not None and lays[0].ndim and lays[0].dims[0][:k] == self.batch_axes)
         for name in (self.st.entry, self.st.block_output, self.st.exit):
             if name not in out:
-                raise PlanError(f"the batch split over {self.batch_axes} does not reach {self.g[name].location} on dim 0 "
-                                "(an op without a batch-preserving rule on the way); this graph cannot be planned batch-split")
+                raise PlanError(f"the batch split over {self.batch_axes} does not reach {self.g[name].location} on "
+                                "dim 0 (an op without a batch-preserving rule on the way); this graph cannot be "
+                                "planned batch-split")
         return out
 
     def lift(self, name: str, lay: Layout) -> Layout:
@@ -195,7 +198,8 @@ class _Ctx:
                     boundary[i] = (self.stream(sigma),)
         exit_ = self.g[self.st.exit]
         epi = evaluate(self.g, [self.g[x] for x in self.st.epilogue], self.mesh, self.hw, boundary=boundary,
-                       forced={exit_.name: self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))}, values=self.vals)
+                       forced={exit_.name: self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))},
+                       values=self.vals)
         pro.events.extend(epi.events)
         pro.compute_seconds += epi.compute_seconds
         pro.guards.extend(epi.guards)
@@ -456,8 +460,9 @@ class _Ctx:
             # local slice). Left to propagation, GSPMD splits the unpadded tokens and shifts them into
             # the padded shards with a collective-permute (45 -> 64 tokens over 4: 12 vs 16 per device).
             src = self.g[entry.inputs[0]]
-            acts.insert(0, ActivationConstraint(src.location, self.lift(src.name, Layout.replicated(len(src.out.shape))).to_spec(),
-                                                src.out.shape, reason="tokens whole before SP padding"))
+            whole = self.lift(src.name, Layout.replicated(len(src.out.shape))).to_spec()
+            acts.insert(0, ActivationConstraint(src.location, whole, src.out.shape,
+                                                reason="tokens whole before SP padding"))
         for name, lay in forced.items():
             node = self.g[name]
             if node.block is None:
@@ -478,7 +483,8 @@ class _Ctx:
         exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
         acts.append(ActivationConstraint(exit_.location, exit_lay.to_spec(), exit_.out.shape,
                                          reason="exit: tokens gathered before unpatchify"
-                                         + (" (batch stays split: each half keeps its branch)" if self.batch_axes else "")))
+                                         + (" (batch stays split: each half keeps its branch)"
+                                            if self.batch_axes else "")))
         inputs = [ActivationConstraint(self.g[x].location, lays[0].to_spec(), self.g[x].out.shape,
                                        reason="model input split on the batch: one CFG branch per half of the mesh")
                   for x, lays in self.inputs.items()]

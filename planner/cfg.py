@@ -58,8 +58,8 @@ def normalize_mode(value: Union[str, bool, None]) -> str:
     if value is False:
         return "off"
     text = str(value).strip().lower()
-    aliases = {"auto": "auto", "on": "on", "true": "on", "1": "on", "yes": "on", "off": "off", "false": "off", "0": "off",
-               "no": "off"}
+    aliases = {"auto": "auto", "on": "on", "true": "on", "1": "on", "yes": "on",
+               "off": "off", "false": "off", "0": "off", "no": "off"}
     if text not in aliases:
         raise PlanError(f"cfg_parallel must be auto, on (true) or off (false); got {value!r}")
     return aliases[text]
@@ -137,9 +137,10 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
         options.append(_option(f"split({axis})", split, axis,
                                lambda s=split, a=axis: plan_graph(graph, s, split_profile(hw, mesh, a),
                                                                   batch_axes=(CFG_AXIS,), **kwargs), plans))
-    allowed = [o for o in options if o.feasible and (mode == "auto" or (mode == "on") == (o.split_axis is not None))]
+    domain = [o for o in options if mode == "auto" or (mode == "on") == (o.split_axis is not None)]
+    allowed = [o for o in domain if o.feasible]
     if not allowed:
-        why = "; ".join(f"{o.name}: {o.reason}" for o in options if mode == "auto" or (mode == "on") == (o.split_axis is not None))
+        why = "; ".join(f"{o.name}: {o.reason}" for o in domain)
         raise CfgInfeasible(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"), tuple(options))
     best = min(allowed, key=lambda o: (o.step_seconds, o.split_axis is not None))
     record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
@@ -152,7 +153,8 @@ def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -
     try:
         plan = make()
     except PlanError as e:
-        return CfgOption(name, mesh, axis, reason=str(e), memory_needed_bytes=e.need_bytes if isinstance(e, BudgetError) else None)
+        need = e.need_bytes if isinstance(e, BudgetError) else None
+        return CfgOption(name, mesh, axis, reason=str(e), memory_needed_bytes=need)
     plans[name] = plan
     p = plan.predicted
     return CfgOption(name, mesh, axis, p.step_seconds, p.compute_seconds, p.comm_seconds, p.memory_bytes_per_device)
@@ -162,7 +164,8 @@ def _describe(o: CfgOption) -> str:
     if not o.feasible:
         return f"{o.name} on {o.mesh} {o.mesh.axis_names}: no plan ({o.reason})"
     return (f"{o.name} on {o.mesh} {o.mesh.axis_names}: {o.step_seconds * 1e3:.3f} ms/step (compute "
-            f"{o.compute_seconds * 1e3:.3f} + comm {o.comm_seconds * 1e3:.3f}), {o.memory_bytes_per_device / 1e9:.2f} GB/device")
+            f"{o.compute_seconds * 1e3:.3f} + comm {o.comm_seconds * 1e3:.3f}), "
+            f"{o.memory_bytes_per_device / 1e9:.2f} GB/device")
 
 
 def _decision(record: CfgParallel, best: CfgOption) -> Decision:
@@ -171,7 +174,8 @@ def _decision(record: CfgParallel, best: CfgOption) -> Decision:
     note = (f"mode {record.mode}; chosen " + _describe(best) + "; " + "; ".join(_describe(o) for o in record.options
                                                                                   if o.name != best.name))
     if record.mode != "auto" and runner is not None and runner.step_seconds < best.step_seconds:
-        note += f"; forced by cfg_parallel={record.mode} ({runner.name} would be {runner.step_seconds * 1e3:.3f} ms/step)"
+        note += (f"; forced by cfg_parallel={record.mode} ({runner.name} would be "
+                 f"{runner.step_seconds * 1e3:.3f} ms/step)")
     return Decision("cfg-parallel", best.name, best.step_seconds, runner.name if runner else "",
                     runner.step_seconds if runner else None, note)
 
@@ -179,5 +183,6 @@ def _decision(record: CfgParallel, best: CfgOption) -> Decision:
 def _note(record: CfgParallel, best: CfgOption) -> str:
     if best.split_axis is None:
         return f"CFG parallel off: the batch-{record.batch} forward runs on the whole mesh {record.base_mesh}"
-    return (f"CFG parallel: mesh {record.base_mesh} split on {best.split_axis!r} into {best.mesh} {best.mesh.axis_names}; "
-            f"batch {record.batch} split over {record.axis!r} (one branch per half), parameters replicated over it")
+    return (f"CFG parallel: mesh {record.base_mesh} split on {best.split_axis!r} into {best.mesh} "
+            f"{best.mesh.axis_names}; batch {record.batch} split over {record.axis!r} (one branch per half), "
+            "parameters replicated over it")

@@ -152,9 +152,10 @@ class CfgOption:
     @classmethod
     def from_json(cls, d: Mapping) -> "CfgOption":
         mem = d.get("memory_bytes_per_device")
+        need = d.get("memory_needed_bytes")
         return cls(str(d["name"]), MeshSpec.from_json(d["mesh"]), d.get("split_axis"), d.get("step_seconds"),
-                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem), str(d.get("reason", "")),
-                   None if d.get("memory_needed_bytes") is None else int(d["memory_needed_bytes"]))
+                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem),
+                   str(d.get("reason", "")), None if need is None else int(need))
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,8 @@ class Plan:
                 rewrites=tuple(RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ()))) for r in data.get("rewrites", [])),
                 notes=tuple(data.get("notes", ())),
                 guards=tuple(Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])),
-                cfg_parallel=CfgParallel.from_json(data["cfg_parallel"]) if data.get("cfg_parallel") is not None else None,
+                cfg_parallel=(CfgParallel.from_json(data["cfg_parallel"])
+                              if data.get("cfg_parallel") is not None else None),
             )
         except PlanError:
             raise

@@ -34,7 +34,8 @@ def single_graph(tiny_capture):
 
 def test_split_mesh_refines_the_users_mesh_row_major():
     base = parse_mesh("2x4")
-    for axis, shape, names in (("batch", (2, 1, 4), ("cfg", "batch", "model")), ("model", (2, 2, 2), ("batch", "cfg", "model"))):
+    for axis, shape, names in (("batch", (2, 1, 4), ("cfg", "batch", "model")),
+                               ("model", (2, 2, 2), ("batch", "cfg", "model"))):
         split = split_mesh(base, axis)
         assert (split.shape, split.axis_names) == (shape, names)
         i = base.axis_index(axis)
@@ -116,8 +117,8 @@ def _need(graph, mesh, name: str) -> int:
             plan_graph(graph, mesh, "wh-loudbox", memory_gb=1e-6)
         else:
             axis = name[len("split("):-1]
-            plan_graph(graph, split_mesh(mesh, axis), split_profile(get_profile("wh-loudbox"), mesh, axis), memory_gb=1e-6,
-                       batch_axes=(CFG_AXIS,))
+            hw = split_profile(get_profile("wh-loudbox"), mesh, axis)
+            plan_graph(graph, split_mesh(mesh, axis), hw, memory_gb=1e-6, batch_axes=(CFG_AXIS,))
     except BudgetError as e:
         return e.need_bytes
     raise AssertionError("a 1e-6 GB budget fitted")
@@ -201,7 +202,8 @@ def test_backend_plans_a_pair_split_and_matches_two_eager_forwards(spmd, tiny_mo
     pair = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
     with torch.no_grad():
         eager = torch.cat([tiny_model(**cond, return_dict=False)[0], tiny_model(**uncond, return_dict=False)[0]])
-    out, _, program = run_with_backend(tiny_model, pair, reference=False, mesh="2x4", memory_gb=0.00035, dump_dir=str(tmp_path))
+    out, _, program = run_with_backend(tiny_model, pair, reference=False, mesh="2x4", memory_gb=0.00035,
+                                       dump_dir=str(tmp_path))
     c = program.plan.cfg_parallel
     assert c is not None and c.split and program.plan.mesh == c.option(c.chosen).mesh
     assert tuple(program.mesh.mesh_shape) == program.plan.mesh.shape
@@ -214,8 +216,8 @@ def test_backend_plans_a_pair_split_and_matches_two_eager_forwards(spmd, tiny_mo
 def test_cli_plans_the_pair_and_refuses_forcing_a_single_forward(tmp_path, capsys):
     from wancompile.cli import main
 
-    tiny = ["plan", "--model", "tiny", "--resolution", "tiny", "--frames", "9", "--mesh", "2x4", "--hardware", "wh-loudbox",
-            "--memory-gb", "0.00035"]
+    tiny = ["plan", "--model", "tiny", "--resolution", "tiny", "--frames", "9", "--mesh", "2x4",
+            "--hardware", "wh-loudbox", "--memory-gb", "0.00035"]
     assert main([*tiny, "--batch", "2", "--cfg-parallel", "on", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "plan.json").read_text())

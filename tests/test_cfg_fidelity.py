@@ -52,7 +52,8 @@ def test_cfg_parallel_compiles_to_its_plan(cases):
         for m in row["matches"]:
             assert "cfg" not in m["axes"], where
             assert m["predicted_count"] == m["observed_count"], where
-            assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(m["predicted_bytes"], m["observed_bytes"]), where
+            predicted, observed = m["predicted_bytes"], m["observed_bytes"]
+            assert abs(predicted - observed) <= 0.05 * max(predicted, observed), where
         assert row["sharded_params"] > 0, where
 
 

@@ -145,7 +145,8 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
                 f"pass mesh={str(plan.user_mesh)!r} or re-plan for {mesh}"
             )
         if plan.user_mesh.axis_names != mesh.axis_names:
-            raise PlanError(f"plan {opts.plan} names mesh axes {plan.user_mesh.axis_names}, this mesh has {mesh.axis_names}")
+            raise PlanError(f"plan {opts.plan} names mesh axes {plan.user_mesh.axis_names}, "
+                            f"this mesh has {mesh.axis_names}")
         return plan
     return solve(graph, mesh, opts, values)
 

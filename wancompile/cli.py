@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--capture-blocks", type=int, default=2)
     plan.add_argument("--time-limit", type=float, default=5.0, help="solver time limit, seconds")
     plan.add_argument("--batch", type=int, default=1,
-                      help="batch of the planned forward; 2 = a denoising step's CFG pair as one forward (cond + uncond)")
+                      help="batch of the planned forward; 2 = a denoising step's CFG pair as one forward "
+                           "(cond + uncond)")
     plan.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto",
                       help="batch-2 graphs: split the batch over half the mesh each (on), never (off), or as the cost "
                            "model decides (auto, default); every option is priced and written to the plan")
@@ -87,7 +88,8 @@ def plan_command(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype)
         num_layers = spec.transformer["num_layers"]
         module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
-        inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch)
+        inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype,
+                                    batch=args.batch)
         graph, _ = capture_module(module, **inputs, return_dict=False, model=args.model)
     log.info("captured %s", graph.summary())
 
@@ -109,7 +111,8 @@ def plan_command(args: argparse.Namespace) -> int:
                                                                               weight_copies=experts))
             else:
                 plan = plan_dit(graph, mesh, args.hardware, cfg_parallel=args.cfg_parallel, memory_gb=args.memory_gb,
-                                num_blocks=num_layers, weight_copies=experts, time_limit_s=args.time_limit, model=args.model)
+                                num_blocks=num_layers, weight_copies=experts, time_limit_s=args.time_limit,
+                                model=args.model)
     except PlanError as e:
         print(f"wancompile plan: {e}", file=sys.stderr)
         return 2
@@ -132,8 +135,8 @@ def plan_command(args: argparse.Namespace) -> int:
     if plan.cfg_parallel is not None:
         c = plan.cfg_parallel
         print(f"  CFG parallel ({c.mode}): chosen {c.chosen}; " + "; ".join(
-            f"{o.name} {o.step_seconds * 1e3:.1f} ms/step, {o.memory_bytes_per_device / 1e9:.2f} GB/device" if o.feasible
-            else f"{o.name}: no plan" for o in c.options))
+            f"{o.name} {o.step_seconds * 1e3:.1f} ms/step, {o.memory_bytes_per_device / 1e9:.2f} GB/device"
+            if o.feasible else f"{o.name}: no plan" for o in c.options))
     for d in plan.decisions:
         print(f"  {d.node}: {d.strategy}" + (f"  (next best: {d.rejected})" if d.rejected else ""))
     for n in plan.notes[2:]:

@@ -65,7 +65,8 @@ class Options:
         return _parse(raw)
 
 
-_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites", "cfg_parallel"})
+_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites",
+                    "cfg_parallel"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 

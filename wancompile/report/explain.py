@@ -89,17 +89,19 @@ def explain(rep: Report, what: str) -> str:
 
 
 def _explain_cfg(c) -> str:
-    lines = [f"cfg-parallel: {c.chosen} (mode {c.mode}; batch {c.batch} on mesh {c.base_mesh} {c.base_mesh.axis_names})"]
+    base = c.base_mesh
+    lines = [f"cfg-parallel: {c.chosen} (mode {c.mode}; batch {c.batch} on mesh {base} {base.axis_names})"]
     for o in c.options:
         mark = " *" if o.name == c.chosen else ""
         if o.feasible:
             lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: {ms(o.step_seconds)} ms per step = compute "
-                         f"{ms(o.compute_seconds)} + comm {ms(o.comm_seconds)}; {o.memory_bytes_per_device / 1e9:.4g} GB/device{mark}")
+                         f"{ms(o.compute_seconds)} + comm {ms(o.comm_seconds)}; "
+                         f"{o.memory_bytes_per_device / 1e9:.4g} GB/device{mark}")
         else:
             lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: no plan — {o.reason}{mark}")
     if c.split:
-        lines.append(f"  the plan's mesh is {c.option(c.chosen).mesh}: {c.axis!r} splits dim 0 of every batch-carrying value, "
-                     "parameters are replicated over it")
+        lines.append(f"  the plan's mesh is {c.option(c.chosen).mesh}: {c.axis!r} splits dim 0 of every "
+                     "batch-carrying value, parameters are replicated over it")
     return "\n".join(lines)
 
 

@@ -48,8 +48,10 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
         rows.append(("memory per device", f"{pr.memory_bytes_per_device / 1e9:.4g} GB{cap}: weights + 3× the largest live activation set"))
     c = p.cfg_parallel
     if c is not None:
+        how = (f": {c.axis!r} splits the batch, one branch per half of the mesh" if c.split
+               else ": both branches on the whole mesh")
         rows.append(("CFG parallel", f"{c.chosen} ({c.mode}) for the batch-{c.batch} CFG pair on mesh {c.base_mesh}"
-                     + (f": {c.axis!r} splits the batch, one branch per half of the mesh" if c.split else ": both branches on the whole mesh")))
+                     + how))
     rows.append(("parallelism", rep.parallelism()))
     bill = rep.bill()
     rows.append(("collectives per block", f"{bill.headline()} ({bill.breakdown()})" if bill.entries else "none"))
@@ -125,11 +127,13 @@ def cfg_lines(c) -> list[str]:
     def gb(o):
         return f"{o.memory_bytes_per_device / 1e9:.4g}" if o.memory_bytes_per_device is not None else "—"
 
-    out = [f"Mode `{c.mode}`; per denoising step = one batch-{c.batch} forward (cond + uncond). `split(AXIS)`: mesh axis "
-           f"AXIS halved, the major half named `{c.axis}` splits the batch; each half runs one branch's plan on its submesh.", ""]
+    out = [f"Mode `{c.mode}`; per denoising step = one batch-{c.batch} forward (cond + uncond). `split(AXIS)`: "
+           f"mesh axis AXIS halved, the major half named `{c.axis}` splits the batch; each half runs one branch's plan "
+           "on its submesh.", ""]
     out += _table(("option", "mesh", "ms per step", "compute ms", "comm ms", "GB/device", "chosen", "why not / note"),
-                  ((f"`{o.name}`", f"{o.mesh} ({', '.join(o.mesh.axis_names)})", ms(o.step_seconds), ms(o.compute_seconds),
-                    ms(o.comm_seconds), gb(o), "**yes**" if o.name == c.chosen else "", o.reason or "—") for o in c.options))
+                  ((f"`{o.name}`", f"{o.mesh} ({', '.join(o.mesh.axis_names)})", ms(o.step_seconds),
+                    ms(o.compute_seconds), ms(o.comm_seconds), gb(o), "**yes**" if o.name == c.chosen else "",
+                    o.reason or "—") for o in c.options))
     return out
 
 
