@@ -14,6 +14,13 @@ Options for a graph of batch B = 2·k on a mesh (a, b) with axes ("batch", "mode
   each half of the mesh runs one branch's plan on its (a/2, b) submesh: the same ILP, priced by the
   same op rules on per-device shapes of batch k, weights held over half as many devices (memory).
 
+Which axis is halved by default: the major-most axis of size > 1 (2x4 and 8x4: ``batch``; 1x8:
+``model``), so ``cfg`` is the major-most split of the device grid. Only that form is checked against
+the compiled HLO on every mesh tried (tests/test_cfg_fidelity.py); with ``cfg`` between two split axes
+(8x4 halved on ``model`` -> 8x2x2 ``(batch, cfg, model)``, a head-TP + SP + FSDP plan per branch) GSPMD
+all-gathered 10 FSDP weights over (batch, model) instead of batch only — numerics exact, collectives
+not the plan's — so other axes are tried only when asked (``cfg_axes``), their cost then optimistic.
+
 The step cost of each option is its plan's predicted time (compute + comm, one batch-2 forward =
 one step); the cheapest feasible option wins under ``auto`` (ties: ``off``). ``on`` takes the best
 split, ``off`` the unsplit plan; either way every option is priced and recorded (`CfgParallel` in
@@ -107,7 +114,8 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
              cfg_parallel: Union[str, bool, None] = "auto", cfg_axes: Optional[tuple[str, ...]] = None,
              **kwargs: Any) -> Plan:
     """Plan a DiT graph with the CFG-parallel choice (module docstring); `kwargs` go to `plan_graph`.
-    `cfg_axes` restricts which mesh axes may be halved (default: every even one; the cost picks).
+    `cfg_axes`: the mesh axes that may be halved (default: the major-most axis of size > 1, see the module
+    docstring); among several, the cost picks.
 
     A graph whose batch is not even has no CFG pair to split: ``auto``/``off`` plan it as usual (no
     record), ``on`` raises. ``on`` on a mesh with no even axis, or where no split plan fits memory,
@@ -126,10 +134,13 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
         return plan_graph(graph, mesh, hw, **kwargs)
     for a in cfg_axes or ():
         mesh.axis_index(a)
-    axes = [a for a, n in zip(mesh.axis_names, mesh.shape) if n % 2 == 0 and (cfg_axes is None or a in cfg_axes)]
+    if cfg_axes is None:
+        cfg_axes = tuple(a for a, n in zip(mesh.axis_names, mesh.shape) if n > 1)[:1]
+    axes = [a for a, n in zip(mesh.axis_names, mesh.shape) if n % 2 == 0 and a in cfg_axes]
     if mode == "on" and not axes:
-        raise PlanError(f"cfg_parallel=on: no axis of mesh {mesh} {mesh.axis_names} has an even size to split in two; "
-                        "use a mesh with an even axis, or cfg_parallel=auto/off")
+        raise PlanError(f"cfg_parallel=on: mesh {mesh} {mesh.axis_names} has no axis to split in two among "
+                        f"{list(cfg_axes) or 'its axes of size > 1'} (the major-most axis of size > 1 must be even; "
+                        "pass cfg_axes to try others); use another mesh, or cfg_parallel=auto/off")
     plans: dict[str, Plan] = {}
     options = [_option("off", mesh, None, lambda: plan_graph(graph, mesh, hw, **kwargs), plans)]
     for axis in axes:

@@ -56,8 +56,14 @@ def test_split_profile_makes_ring_halves_lines():
     assert split.axis(1, 4).links == hw.axes[0].links
 
 
+def test_by_default_only_the_major_most_axis_is_halved(pair_graph):
+    for mesh, names in (("2x4", ["off", "split(batch)"]), ("1x8", ["off", "split(model)"])):
+        plan = plan_dit(pair_graph, parse_mesh(mesh), "wh-loudbox", memory_gb=0.00035)
+        assert [o.name for o in plan.cfg_parallel.options] == names
+
+
 def test_auto_takes_the_cheapest_option_and_records_all(pair_graph):
-    plan = plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035)
+    plan = plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035, cfg_axes=("batch", "model"))
     c = plan.cfg_parallel
     assert c.mode == "auto" and c.batch == 2 and c.base_mesh == parse_mesh("2x4")
     assert [o.name for o in c.options] == ["off", "split(batch)", "split(model)"]
@@ -127,12 +133,12 @@ def _need(graph, mesh, name: str) -> int:
 def test_forcing_is_checked(pair_graph, single_graph):
     with pytest.raises(PlanError, match="batch is 1"):
         plan_dit(single_graph, parse_mesh("2x4"), "wh-loudbox", cfg_parallel="on")
-    with pytest.raises(PlanError, match="no axis of mesh 1x1"):
+    with pytest.raises(PlanError, match="has no axis to split in two"):
         plan_dit(pair_graph, MeshSpec((1, 1), ("batch", "model")), "wh-loudbox", cfg_parallel="on")
     with pytest.raises(PlanError, match="auto, on"):
         plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", cfg_parallel="maybe")
     off = plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035, cfg_parallel=False)
-    assert off.cfg_parallel.chosen == "off" and off.mesh == parse_mesh("2x4") and len(off.cfg_parallel.options) == 3
+    assert off.cfg_parallel.chosen == "off" and off.mesh == parse_mesh("2x4") and len(off.cfg_parallel.options) == 2
     # batch 1 under auto: the ordinary plan, no record (plans of batch-1 graphs are unchanged)
     assert plan_dit(single_graph, parse_mesh("2x4"), "wh-loudbox").cfg_parallel is None
 

@@ -1,5 +1,5 @@
 """CFG parallel, checked against the compiled program: a batch-2 tiny DiT (cond and uncond concatenated on
-the batch) compiled by the backend with ``cfg_parallel="on"`` on 8 virtual CPU devices.
+the batch) compiled by the backend with ``cfg_parallel="on"`` on 8 and 32 virtual CPU devices.
 
 Per mesh (each in its own subprocess), the plan's mesh is the split 3-D mesh (planner.cfg) and:
 
@@ -22,25 +22,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# case -> (mesh, budget GB, axes the planner may halve (None: any), the split it must take). "2x4" lets the
-# cost model choose among both axes; "2x4/batch" is the cfg x (1x4) form, planned with cfg_axes=("batch",)
-# and compiled through the backend's `plan` option (a saved CFG plan on the user's 2-D mesh).
-CASES = {"2x4": ("2x4", 0.00035, None, "model"), "2x4/batch": ("2x4", 0.00035, ("batch",), "batch"),
-         "1x8": ("1x8", 0.00035, None, "model"), "4x2": ("4x2", 0.00035, None, "batch")}
+# case -> (mesh, budget GB, axes the planner may halve (None: the default, the major-most axis), the split it
+# must take). "*/model" cases ask for cfg between two axes (cfg_axes=("model",)) and are compiled through the
+# backend's `plan` option (a saved CFG plan on the user's 2-D mesh).
+CASES = {"2x4": ("2x4", 0.00035, None, "batch"), "4x2": ("4x2", 0.00035, None, "batch"),
+         "2x4/model": ("2x4", 0.00035, ("model",), "model"), "1x8": ("1x8", 0.00035, None, "model"),
+         # Galaxy-shaped, 32 devices: 2x4x4 (head-TP + SP per branch, FSDP on the FFN), and cfg in the middle
+         # (8x2x2, head-TP + SP + FSDP everywhere: the known GSPMD deviation, pinned below)
+         "8x4": ("8x4", 0.00025, None, "batch"), "8x4/model": ("8x4", 0.0002, ("model",), "model")}
 
-
-# One subprocess per group: "1x8" split on model (1x2x4) and "2x4/batch" (2x1x4) put every device at the
-# same coordinates, so they are the same partitioned program, which XLA serves from its cache without a new
-# HLO dump in the second case (the lowering would then read a helper module's HLO).
-GROUPS = [["2x4", "1x8", "4x2"], ["2x4/batch"]]
+# One subprocess per group. "1x8" (1x2x4) and "2x4" (2x1x4) put every device at the same coordinates: the same
+# partitioned program, which XLA serves from its cache without a new HLO dump in the second case.
+GROUPS = [(8, ["2x4", "4x2", "2x4/model"]), (8, ["1x8"]), (32, ["8x4", "8x4/model"])]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("cases", GROUPS, ids=["+".join(g) for g in GROUPS])
-def test_cfg_parallel_compiles_to_its_plan(cases):
+@pytest.mark.parametrize("devices,cases", GROUPS, ids=["+".join(g) for _, g in GROUPS])
+def test_cfg_parallel_compiles_to_its_plan(devices, cases):
     from conftest import fidelity_rows
 
-    rows, stderr = fidelity_rows([__file__, *cases], 8, len(cases))
+    rows, stderr = fidelity_rows([__file__, str(devices), *cases], devices, len(cases))
     assert "Involuntary full rematerialization" not in stderr, stderr[-3000:]
     for row in rows:
         where = f"{row['case']}: {row['strategies']}\n" + "\n".join(row["table"])
@@ -48,25 +49,31 @@ def test_cfg_parallel_compiles_to_its_plan(cases):
         assert "cfg" in row["plan_mesh"]["axis_names"], where
         assert row["pcc"] >= 0.99999 and row["max_abs"] < 1e-5, (where, row["pcc"], row["max_abs"])
         assert row["pcc_one_device"] >= 0.99999, (where, row["pcc_one_device"])
-        assert row["matches"], where
-        for m in row["matches"]:
+        assert row["sharded_params"] > 0 and row["matches"], where
+        matches = row["matches"]
+        if row["case"] == "8x4/model":
+            # GSPMD gathers some FSDP weights over (batch, model) where the plan gathers over batch only; pinned
+            # so we notice when it changes (planner/cfg.py: why such splits are not tried by default)
+            deviating = [m for m in matches if m["axes"] == ["batch", "model"] and m["kind"] == "all-gather"]
+            assert deviating and deviating[0]["predicted_count"] == 0 < deviating[0]["observed_count"], where
+            matches = [m for m in matches if m["kind"] != "all-gather"]
+        for m in matches:
             assert "cfg" not in m["axes"], where
             assert m["predicted_count"] == m["observed_count"], where
             predicted, observed = m["predicted_bytes"], m["observed_bytes"]
             assert abs(predicted - observed) <= 0.05 * max(predicted, observed), where
-        assert row["sharded_params"] > 0, where
 
 
 # --- the subprocess -------------------------------------------------------------------------------
 
 
-def _main(cases: list[str]) -> None:
+def _main(devices: int, cases: list[str]) -> None:
     import tempfile
 
     from wancompile import runtime
 
     dump = Path(tempfile.mkdtemp(prefix="wancompile-cfg-fidelity-"))
-    runtime.configure(num_devices=8, dump_dir=dump / "hlo")
+    runtime.configure(num_devices=devices, dump_dir=dump / "hlo")
 
     import torch
 
@@ -120,4 +127,4 @@ def _main(cases: list[str]) -> None:
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    _main(sys.argv[1:])
+    _main(int(sys.argv[1]), sys.argv[2:])
