@@ -5,7 +5,7 @@ Options for a graph of batch B = 2·k on a mesh (a, b) with axes ("batch", "mode
 
 - ``off``: the batch-2 graph planned on the whole mesh (`planner.autoplan.plan_graph`) — about two
   sequential forwards' work, each collective carrying both branches.
-- ``split(AXIS)`` for every mesh axis of even size n: the axis is halved into a major ``cfg`` axis
+- ``split(AXIS)`` for a mesh axis of even size n (which axes: below): the axis is halved into a major ``cfg`` axis
   of 2 and a minor axis of n/2 under the old name — device ids stay row-major, so the split mesh is
   a refinement of the user's: (a, b) -> (2, a/2, b) with axes ("cfg", "batch", "model") for AXIS =
   "batch", (a, 2, b/2) with ("batch", "cfg", "model") for AXIS = "model". Every batch-carrying value
