@@ -57,6 +57,20 @@ def xla_mesh(spec: MeshSpec):
     return xs.Mesh(np.arange(spec.size), spec.shape, spec.axis_names)
 
 
+def mesh_for_plan(mesh: Any, spec: MeshSpec):
+    """The torch_xla Mesh whose axes a plan's specs name: `mesh` itself, or for a CFG-split plan (whose
+    mesh refines the user's, planner.cfg.split_mesh) the same devices in the same row-major order,
+    reshaped to the plan's shape and axis names."""
+    import torch_xla.distributed.spmd as xs
+
+    if tuple(int(n) for n in mesh.mesh_shape) == spec.shape and tuple(mesh.axis_names) == spec.axis_names:
+        return mesh
+    ids = np.asarray(mesh.device_ids).reshape(-1)
+    if ids.size != spec.size:
+        raise PlanError(f"plan mesh {spec} {spec.axis_names} has {spec.size} devices, the compile's mesh {ids.size}")
+    return xs.Mesh(ids, spec.shape, spec.axis_names)
+
+
 def mesh_spec_of(mesh: Any) -> MeshSpec:
     """MeshSpec of a torch_xla Mesh."""
     return MeshSpec(tuple(int(n) for n in mesh.mesh_shape), tuple(mesh.axis_names))
