@@ -178,6 +178,18 @@ PROFILES: dict[str, HardwareProfile] = {p.name: p for p in [
 ]}
 
 
+# The one default-hardware rule, used by every entry point (backend, `wancompile plan`, plan_graph,
+# plan_vae): the Tenstorrent system whose native mesh has this shape, else FALLBACK_HARDWARE.
+DEFAULT_FOR_MESH = {(1, 2): "wh-n300", (2, 2): "bh-quietbox", (2, 4): "wh-loudbox", (8, 4): "wh-galaxy", (4, 8): "wh-galaxy"}
+FALLBACK_HARDWARE = "wh-loudbox"
+
+
+def default_hardware(mesh) -> str:
+    """Profile name for a mesh (a `MeshSpec` or a shape) when none is given."""
+    shape = tuple(getattr(mesh, "shape", mesh))
+    return DEFAULT_FOR_MESH.get(shape, FALLBACK_HARDWARE)
+
+
 def get_profile(name: str) -> HardwareProfile:
     try:
         return PROFILES[name]

@@ -40,11 +40,13 @@ from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph, Node, TensorMeta
-from planner.hardware import HardwareProfile, get_profile
-from planner.ilp import Edge, Group, Infeasible, Option, solve
+from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, local_shape, numel, shard_count
-from planner.plan import ActivationConstraint, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
+from planner.plan import (
+    ActivationConstraint, Collective, Decision, MemoryBudgetError, Plan, PlanError, Predicted, SolverInfo, SolverTimeout,
+)
 from planner.propagate import Evaluation, evaluate, redistribute
 
 KIB = 1024
@@ -347,7 +349,7 @@ def _matches(only: Mapping[str, str], m: Macro, name: str, mesh: MeshSpec) -> bo
     return re.search(pattern.replace("ALL", re.escape(axes)), name) is not None
 
 
-def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
+def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, *,
              memory_gb: Optional[float] = None, values: Optional[Mapping[str, int]] = None, time_limit_s: float = 10.0,
              model: str = "", only: Optional[Mapping[str, str]] = None, preset: str = "auto") -> Plan:
     """Plan a captured Wan VAE decode graph.
@@ -367,7 +369,7 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
     """
     if preset not in PRESETS:
         raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or default_hardware(mesh))
     restricts = [PRESETS[preset], dict(only or {})]
     ctx = _VaeCtx(graph, mesh, hw, dict(values or {}))
     groups: list[Group] = []
@@ -399,10 +401,14 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
     hint = {g.name: next((i for i, o in enumerate(g.options) if o.key[0] == "hw"), 0) for g in groups}
     try:
         res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
+    except TimedOut as e:
+        raise SolverTimeout(f"the VAE solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status "
+                            f"{e.status}) on mesh {mesh}; raise time_limit_s", time_limit_s=time_limit_s) from None
     except Infeasible:
-        need = sum(min(o.param_kib for o in g.options) for g in groups) * KIB + max(min(o.act_kib for o in g.options) for g in groups) * KIB
-        raise PlanError(f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest needs about "
-                        f"{need / 1e9:.6g} GB per device (raise memory_gb, use more devices, or decode chunked-T)") from None
+        need = budget_gb(min_memory_kib(groups, time_limit_s=time_limit_s)[0], 0.0)
+        raise MemoryBudgetError(f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest plan on this mesh "
+                                f"needs {need:.6g} GB per device (raise memory_gb to at least {need:.6g}, use more devices, or "
+                                "decode chunked-T with a smaller t_chunk)", budget_gb=budget / 1e9, need_gb=need) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = _decisions(groups, edges, res, memory_kib, excluded)
     return _assemble(ctx, chosen, res, decisions, model or graph.model, evals)

@@ -71,6 +71,17 @@ def run_script(args, num_devices, timeout=900, stderr=False, **env_extra):
     return (proc.stdout, proc.stderr) if stderr else proc.stdout
 
 
+@__import__("contextlib").contextmanager
+def raises_from_backend(exc_type, match):
+    """Like ``pytest.raises(exc_type, match=...)`` for an error raised inside the backend: dynamo
+    wraps it in ``BackendCompilerFailed``; the backend's own error is its ``inner_exception``."""
+    with pytest.raises(Exception) as info:
+        yield info
+    err = getattr(info.value, "inner_exception", None) or info.value
+    assert isinstance(err, exc_type), f"expected {exc_type.__name__}, got {type(err).__name__}: {err}"
+    assert re.search(match, str(err)), f"{match!r} not in {err}"
+
+
 def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
     """Run a fidelity script (one JSON object per ``FIDELITY {...}`` line); return (rows, stderr)."""
     import json
