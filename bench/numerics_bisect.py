@@ -543,8 +543,9 @@ def main():
     print("   probes: " + ", ".join(f"{k}={v:.1e}" for k, v in b["probes"].items()))
     print(f"\n[{time.time() - t0:.0f} s]")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1, default=str)
+        from planner.files import write_text
+
+        write_text(args.json, json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":

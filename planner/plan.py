@@ -331,10 +331,9 @@ def _spec_from_json(value: Any) -> PartitionSpec:
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-    return path
+    from planner.files import write_text
+
+    return write_text(path, json.dumps(plan.to_json(), indent=1) + "\n")
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -180,10 +180,9 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
 def _dump(dump_dir, graph: Graph, plan: Plan) -> None:
     from wancompile.report import write_dumps
 
-    dump_dir.mkdir(parents=True, exist_ok=True)
-    write_dumps(plan, dump_dir, graph=graph)  # plan.json (+ per-op trace), plan.md, plan.html
-    (dump_dir / "graph.json").write_text(graph.to_json())
-    (dump_dir / "summary.txt").write_text(graph.summary() + "\n" + plan.summary() + "\n")
+    # plan.json (+ per-op trace), plan.md, plan.html, graph.json, summary.txt: one set, written atomically
+    write_dumps(plan, dump_dir, graph=graph,
+                extra={"graph.json": graph.to_json(), "summary.txt": graph.summary() + "\n" + plan.summary() + "\n"})
 
 
 def _symbol_positions(gm: fx.GraphModule) -> dict[str, int]:

@@ -50,20 +50,36 @@ class Options:
         env = os.environ if env is None else env
         raw: dict[str, Any] = {}
         for key, value in env.items():
-            if key.startswith(ENV_PREFIX):
+            if key.startswith(ENV_PREFIX) and key not in OTHER_ENV:
                 name = key[len(ENV_PREFIX):].lower()
-                if name in _KNOWN:
-                    raw[name] = value
+                if name not in _KNOWN:
+                    known = [ENV_PREFIX + k.upper() for k in sorted(_KNOWN)]
+                    raise OptionsError(
+                        f"unknown environment variable {key}{_did_you_mean(key, known)}; the {ENV_PREFIX}* variables "
+                        f"are backend options: {', '.join(known)}. Unset it or fix its name"
+                    )
+                raw[name] = value
         for key, value in (options or {}).items():
             if key not in _KNOWN:
                 raise OptionsError(
-                    f"unknown wan_autoshard option {key!r}; known options: {', '.join(sorted(_KNOWN))}"
+                    f"unknown wan_autoshard option {key!r}{_did_you_mean(str(key), sorted(_KNOWN))}; known options: "
+                    f"{', '.join(sorted(_KNOWN))}"
                 )
             raw[key] = value
         return _parse(raw)
 
 
 _KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites"})
+# WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
+# variable with the prefix is taken for a misspelt option and refused; add new ones here.
+OTHER_ENV: frozenset[str] = frozenset()
+
+
+def _did_you_mean(name: str, known) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -112,10 +128,14 @@ def _parse(raw: dict[str, Any]) -> Options:
                 f"or a built-in plan: {', '.join(BUILTIN_PLANS)}"
             )
 
+    hardware = str(raw["hardware"]) if raw.get("hardware") else None
+    if hardware is not None:
+        _check_hardware(hardware, mesh)
+
     return Options(
         mesh=mesh,
         xla_mesh=xla_mesh,
-        hardware=str(raw["hardware"]) if raw.get("hardware") else None,
+        hardware=hardware,
         dump_dir=Path(raw["dump_dir"]) if raw.get("dump_dir") else None,
         plan=plan,
         memory_gb=memory_gb,
@@ -124,8 +144,32 @@ def _parse(raw: dict[str, Any]) -> Options:
     )
 
 
+def _check_hardware(name: str, mesh: Optional[MeshSpec]) -> None:
+    """A known profile, for a system at least as large as the mesh; a mesh of another shape is priced
+    as part of the system (logged, not silent)."""
+    import logging
+    import math
+
+    from planner.hardware import PROFILES
+
+    if name not in PROFILES:
+        raise OptionsError(f"option 'hardware': unknown profile {name!r}{_did_you_mean(name, sorted(PROFILES))}; "
+                           f"choose one of {', '.join(sorted(PROFILES))}")
+    native = PROFILES[name].mesh_shape
+    if mesh is not None and mesh.size > math.prod(native):
+        raise OptionsError(f"option 'hardware': {name} has {math.prod(native)} devices ({'x'.join(map(str, native))}) but mesh "
+                           f"{mesh} has {mesh.size}; choose a profile for a system that large")
+    if mesh is not None and tuple(mesh.shape) != tuple(native):
+        logging.getLogger("wancompile").warning(
+            "wan_autoshard: hardware %s's native mesh is %s; mesh %s is priced as part of it (its links per axis)",
+            name, "x".join(map(str, native)), mesh)
+
+
 def _default_names(ndim: int) -> tuple[str, ...]:
-    return parse_mesh((1,) * ndim).axis_names
+    try:
+        return parse_mesh((1,) * ndim).axis_names
+    except MeshError as e:
+        raise OptionsError(f"option 'mesh': {e}") from None
 
 
 def _parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
