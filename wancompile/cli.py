@@ -299,7 +299,8 @@ def validate_command(args: argparse.Namespace) -> int:
             bad += 1
             continue
         except json.JSONDecodeError as e:
-            print(f"{p}: not valid JSON ({e.msg} at line {e.lineno}); it may be truncated — regenerate it")
+            print(f"wancompile validate: {p} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated — regenerate it",
+                  file=sys.stderr)
             bad += 1
             continue
         print(f"{p}: " + ("valid" if not errs else f"{len(errs)} problem(s)"))
