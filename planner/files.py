@@ -95,7 +95,8 @@ def write_set(directory: Union[str, Path], files: Mapping[str, Text], *, commit:
         (directory / commit).unlink(missing_ok=True)  # from here until the last rename: no plan
         _fsync_dir(directory)
         for name in [n for n in files if n != commit] + [commit]:
-            os.replace(tmps.pop(name), directory / name)
+            os.replace(tmps[name], directory / name)
+            del tmps[name]
     finally:
         for tmp in tmps.values():
             tmp.unlink(missing_ok=True)
