@@ -331,7 +331,7 @@ def local_op_errors(ts=500):
             if n.op in ("placeholder", "output"):
                 continue
             args, kwargs = _fetch(env, n.args), _fetch(env, n.kwargs)
-            to_x = lambda v: v.to(dev) if isinstance(v, torch.Tensor) else v
+            to_x = lambda v: v.to(dev) if isinstance(v, torch.Tensor) else v  # noqa: E731
             xargs = pytree.tree_map(to_x, args)
             xkwargs = dict(pytree.tree_map(to_x, dict(kwargs)))
             if "device" in n.kwargs:

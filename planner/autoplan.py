@@ -27,7 +27,15 @@ from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, mi
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
 from planner.plan import (
-    ActivationConstraint, Collective, Decision, MemoryBudgetError, Plan, PlanError, Predicted, SolverInfo, SolverTimeout,
+    ActivationConstraint,
+    Collective,
+    Decision,
+    MemoryBudgetError,
+    Plan,
+    PlanError,
+    Predicted,
+    SolverInfo,
+    SolverTimeout,
     model_geometry,
 )
 from planner.propagate import Evaluation, evaluate, redistribute

@@ -45,7 +45,15 @@ from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, mi
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, local_shape, numel, shard_count
 from planner.plan import (
-    ActivationConstraint, Collective, Decision, MemoryBudgetError, Plan, PlanError, Predicted, SolverInfo, SolverTimeout,
+    ActivationConstraint,
+    Collective,
+    Decision,
+    MemoryBudgetError,
+    Plan,
+    PlanError,
+    Predicted,
+    SolverInfo,
+    SolverTimeout,
 )
 from planner.propagate import Evaluation, evaluate, redistribute
 
@@ -511,8 +519,3 @@ def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, mode
                 predicted=Predicted(compute + comm, compute, comm, memory),
                 solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
                 decisions=tuple(decisions), notes=tuple(notes))
-
-
-def strategy_of(plan: Plan) -> dict[str, str]:
-    """Decision node -> chosen strategy name (for printing)."""
-    return {d.node: d.strategy for d in plan.decisions}

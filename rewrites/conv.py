@@ -26,8 +26,23 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ._core import (CONV, Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish,
-                    module_path, note, only_user, replace, report, shape, static)
+from ._core import (
+    CONV,
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    calls_method,
+    finish,
+    module_path,
+    note,
+    only_user,
+    replace,
+    report,
+    shape,
+    static,
+)
 
 
 def conv1x1_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:

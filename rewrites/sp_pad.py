@@ -35,8 +35,20 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ._core import (SDPA, Emitter, RewriteContext, RewriteReport, Skip, calls, evaluate, fake_mode_of, finish,
-                    module_path, report, value)
+from ._core import (
+    SDPA,
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    evaluate,
+    fake_mode_of,
+    finish,
+    module_path,
+    report,
+    value,
+)
 
 BLOCK = re.compile(r"^blocks\.\d+(\.|$)")
 CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
@@ -193,7 +205,7 @@ class _Plan:
         for node in self.exits:
             cut = Emitter(self.graph, node, node, after=True).getitem(
                 node, (slice(None), slice(None, self.tokens)), name=f"{node.name}_unpadded")
-            node.replace_all_uses_with(cut, delete_user_cb=lambda user: user not in self.region and user is not cut)
+            node.replace_all_uses_with(cut, delete_user_cb=lambda user: user not in self.region and user is not cut)  # noqa: B023 (called here)
 
     def _emit_key_mask(self) -> fx.Node:
         first = next(n for n in self.nodes if n in self.region)

@@ -98,7 +98,6 @@ import torch  # noqa: E402  (after the XLA environment above)
 import torch.fx as fx  # noqa: E402
 
 
-
 def capture(fn, *args, **kwargs) -> list[tuple[fx.GraphModule, list]]:
     """(GraphModule, example inputs) of every graph dynamo hands a backend for ``fn(*args, **kwargs)``."""
     graphs = []

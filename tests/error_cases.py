@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 from dataclasses import dataclass
 from functools import lru_cache
@@ -76,7 +75,7 @@ def raises(fn: Callable[[Path], object]) -> Callable[[Path], tuple[str, str]]:
     def run(tmp: Path) -> tuple[str, str]:
         try:
             fn(tmp)
-        except Exception as e:  # noqa: BLE001 - the catalogue records whatever comes out
+        except Exception as e:  # the catalogue records whatever comes out
             inner = getattr(e, "inner_exception", None) or e
             return type(inner).__name__, str(inner).replace(str(tmp), "TMP")
         raise NoError(f"{fn.__name__} raised nothing")

@@ -5,10 +5,11 @@ from collections import Counter
 import pytest
 import torch
 
-from conftest import raises_from_backend
 from planner.plan import PlanError
 from planner.strategies import StructureError
 from wancompile.verify import numerics, placeholder_args, run_with_backend
+
+from conftest import raises_from_backend
 
 pytestmark = pytest.mark.usefixtures("spmd")
 

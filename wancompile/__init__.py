@@ -5,6 +5,6 @@
 
 __version__ = "0.1.0"
 
-from wancompile.vae import disable_full_t, enable_full_t  # noqa: E402  (torch-free until called)
+from wancompile.vae import disable_full_t, enable_full_t
 
 __all__ = ["enable_full_t", "disable_full_t", "__version__"]

@@ -93,9 +93,8 @@ def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.Grap
     the SP degree (the first mesh axis) times the hardware's tile."""
     if not opts.rewrites:
         return gm, ()
-    from rewrites import RewriteContext, apply_rewrites
-
     from planner.hardware import get_profile
+    from rewrites import RewriteContext, apply_rewrites
 
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
     tile = get_profile(opts.hardware or default_hardware(mesh)).tile

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from planner.mesh import MeshError, MeshSpec, parse_mesh
-
 from rewrites import PASS_NAMES as REWRITE_NAMES
+
 ENV_PREFIX = "WANCOMPILE_"
 # Plans made by rule instead of by the solver; `plan="tt-xla"` runs the seed's hand plan.
 BUILTIN_PLANS = ("tt-xla",)

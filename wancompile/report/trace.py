@@ -23,8 +23,8 @@ import re
 from typing import Any, Optional
 
 from planner.graph import Graph, Node, TensorMeta
-from planner.hardware import HardwareProfile, get_profile
-from planner.mesh import MeshSpec, format_spec
+from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.mesh import format_spec
 from planner.placements import Layout
 from planner.plan import Plan
 from planner.propagate import evaluate
@@ -55,7 +55,7 @@ def show_state(meta: TensorMeta, layout: Optional[Layout]) -> str:
 def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *,
                num_blocks: Optional[int] = None) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or default_hardware(plan.mesh))
     st = find_structure(graph)
     n_blocks = num_blocks or _block_count(plan) or st.captured_blocks
     mesh = plan.mesh
@@ -154,7 +154,3 @@ def _block_count(plan: Plan) -> int:
 
 def _dim(d: Any) -> Any:
     return d if isinstance(d, int) else str(d)
-
-
-def mesh_of(plan: Plan) -> MeshSpec:
-    return plan.mesh
