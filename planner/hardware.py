@@ -1,6 +1,6 @@
 """Hardware profiles as data: every figure carries its source (and whether it is inferred).
 
-Sources are the keys of ``shared/reference/hardware-figures.md`` (A–T), which gives the full
+Sources are the keys of ``docs/hardware-figures.md`` (A–T), which gives the full
 citations; the important ones:
 
 - A/B: Tenstorrent Wormhole / Blackhole spec pages (docs.tenstorrent.com);

@@ -300,7 +300,7 @@ PRESETS = {
     "auto": {},
     "spatial": {"resblock": r"^spatial", "head": r"^spatial", "tail": r"^spatial", "upsample": r"^spatial",
                 "shortcut": r"^spatial", "attention": r"^(gather|frames)"},
-    # the seed's hand plan (shared/seeds/001): Megatron col->row on every residual block over the
+    # the seed's hand plan (seed 001, docs/seeds.md): Megatron col->row on every residual block over the
     # whole mesh, everything else replicated
     "channel-megatron": {"resblock": r"^channel\(ALL\)$", "*": r"^replicated$"},
     "replicated": {"*": r"^replicated$"},

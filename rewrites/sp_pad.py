@@ -2,7 +2,7 @@
 
 When the token count L is not a multiple of ``context.sp_multiple`` (SP degree × tile), sharding L
 needs padding. Slicing K and V back to L in every self-attention keeps attention exact but costs two
-slices per block (``seeds/000``: 3.4 s/iteration at 480p on Galaxy). This pass instead::
+slices per block (seed 000, ``docs/seeds.md``: 3.4 s/iteration at 480p on Galaxy). This pass instead::
 
     # block-stack entry, once per token tensor (hidden states, rope tables, per-token timestep proj)
     x = F.pad(x, [0, 0, ..., 0, P])                     # L → L + P along dim 1
