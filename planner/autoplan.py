@@ -244,8 +244,9 @@ class _Ctx:
                     if s.sigma not in ends:
                         ends[s.sigma] = self.ends(s.sigma)
                     once = to_ns(ends[s.sigma].seconds)
-                options.append(Option(s.name, s.sigma, to_ns(ev.seconds), once, int(self.param_bytes(m, s) // KIB),
-                                      int(ev.peak_bytes * 3 // KIB)))
+                # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
+                options.append(Option(s.name, s.sigma, to_ns(ev.seconds), once, math.ceil(self.param_bytes(m, s) / KIB),
+                                      math.ceil(ev.peak_bytes * 3 / KIB)))
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
         self.ends_evals = ends

@@ -50,11 +50,23 @@ def make_cases(seed: int = 2026, n: int = 36) -> list[FuzzCase]:
         head_dim = rng.choice((8, 12, 16))
         latent = (rng.choice((1, 2, 3, 5)), rng.choice((2, 4, 6)), rng.choice((2, 4, 6, 8)))
         ffn = rng.choice((24, 40, 96, 200))
-        out.append(FuzzCase(f"f{i:02d}-{'x'.join(map(str, mesh))}-{heads}h{head_dim}-L{rng.choice((1, 2))}-{budget}",
-                            heads, head_dim, 0, ffn, latent, mesh, budget))
+        out.append(
+            FuzzCase(
+                f"f{i:02d}-{'x'.join(map(str, mesh))}-{heads}h{head_dim}-L{rng.choice((1, 2))}-{budget}",
+                heads,
+                head_dim,
+                0,
+                ffn,
+                latent,
+                mesh,
+                budget,
+            )
+        )
     # layers drawn in the id above; read back so the id and the field agree
-    return [FuzzCase(c.id, c.heads, c.head_dim, int(c.id.split("-L")[1].split("-")[0]), c.ffn, c.latent, c.mesh, c.budget)
-            for c in out]
+    return [
+        FuzzCase(c.id, c.heads, c.head_dim, int(c.id.split("-L")[1].split("-")[0]), c.ffn, c.latent, c.mesh, c.budget)
+        for c in out
+    ]
 
 
 # The case: 12 heads, ffn 200 on 8x4 at the smallest accepted budget once emitted a
@@ -70,18 +82,23 @@ def run_case(c: FuzzCase) -> dict:
     from wancompile.models import build_transformer
     from wancompile.verify import numerics, run_with_backend
 
-    model = build_transformer("tiny", num_attention_heads=c.heads, attention_head_dim=c.head_dim, num_layers=c.layers,
-                              ffn_dim=c.ffn)
+    model = build_transformer(
+        "tiny", num_attention_heads=c.heads, attention_head_dim=c.head_dim, num_layers=c.layers, ffn_dim=c.ffn
+    )
     g = torch.Generator().manual_seed(hash(c.id) % 2**31)
     t, h, w = c.latent
-    inputs = {"hidden_states": torch.randn(1, 4, t, h, w, generator=g), "timestep": torch.tensor([500]),
-              "encoder_hidden_states": torch.randn(1, 7, 32, generator=g)}
+    inputs = {
+        "hidden_states": torch.randn(1, 4, t, h, w, generator=g),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, 7, 32, generator=g),
+    }
     mesh = "x".join(map(str, c.mesh))
     row: dict = {"id": c.id, "tokens": c.tokens}
 
     def compile_once(memory_gb: Optional[float]):
-        return run_with_backend(model, inputs, reference=False, mesh=mesh,
-                                **({"memory_gb": memory_gb} if memory_gb is not None else {}))
+        return run_with_backend(
+            model, inputs, reference=False, mesh=mesh, **({"memory_gb": memory_gb} if memory_gb is not None else {})
+        )
 
     try:
         memory_gb = None
@@ -99,8 +116,12 @@ def run_case(c: FuzzCase) -> dict:
         with torch.no_grad():
             eager = model(**inputs, return_dict=False)
         result = numerics(out, eager)
-        row.update(outcome="pcc", pcc=result.pcc, max_abs=result.max_abs,
-                   strategies=sorted({d.strategy for d in program.plan.decisions}))
+        row.update(
+            outcome="pcc",
+            pcc=result.pcc,
+            max_abs=result.max_abs,
+            strategies=sorted({d.strategy for d in program.plan.decisions}),
+        )
     except Exception as e:  # recorded and judged by the test against the error catalogue
         inner = getattr(e, "inner_exception", None) or e
         row.update(outcome="error", type=type(inner).__name__, message=str(inner)[:2000])

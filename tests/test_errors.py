@@ -26,9 +26,18 @@ def test_bad_input_ends_in_its_documented_error(case, tmp_path, request):
 def test_documented_matches_by_type_and_pattern():
     from planner.plan import SolverTimeout
 
-    assert documented(SolverTimeout("the solver stopped at its time limit (0 s) before finding any plan (status UNKNOWN)",
-                                    time_limit_s=0)).id == "solver-timeout"
-    assert documented(ValueError("the solver stopped at its time limit (0 s) before finding any plan (status UNKNOWN)")) is None
+    assert (
+        documented(
+            SolverTimeout(
+                "the solver stopped at its time limit (0 s) before finding any plan (status UNKNOWN)", time_limit_s=0
+            )
+        ).id
+        == "solver-timeout"
+    )
+    assert (
+        documented(ValueError("the solver stopped at its time limit (0 s) before finding any plan (status UNKNOWN)"))
+        is None
+    )
 
 
 def test_docs_errors_md_is_the_catalogue():
@@ -39,4 +48,6 @@ def test_docs_errors_md_is_the_catalogue():
     path = ROOT / "docs" / "errors.md"
     if os.environ.get("EXPECTTEST_ACCEPT"):
         path.write_text(text)
-    assert path.read_text() == text, "docs/errors.md is stale: EXPECTTEST_ACCEPT=1 python -m pytest tests/test_errors.py"
+    assert path.read_text() == text, (
+        "docs/errors.md is stale: EXPECTTEST_ACCEPT=1 python -m pytest tests/test_errors.py"
+    )

@@ -61,6 +61,7 @@ def test_a_failure_at_any_step_leaves_the_previous_set_or_none(tmp_path, monkeyp
             if calls["n"] == step + 1:
                 raise OSError(28, "No space left on device (injected)")
             return fn(*a, **k)
+
         return wrapper
 
     monkeypatch.setattr(files.os, "replace", counted(real_replace))
@@ -99,8 +100,11 @@ def test_sigkill_at_random_moments_never_leaves_a_mixed_or_truncated_set(tmp_pat
     rng = random.Random(10)
     seen = set()
     for _ in range(15):
-        proc = subprocess.Popen([sys.executable, "-c", _WRITER, str(ROOT / "planner" / "files.py"), str(tmp_path)],
-                                stdout=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _WRITER, str(ROOT / "planner" / "files.py"), str(tmp_path)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         assert proc.stdout.readline().strip() == "ready"
         time.sleep(rng.uniform(0.0, 0.05))
         proc.send_signal(signal.SIGKILL)
@@ -120,8 +124,22 @@ def test_killed_wancompile_plan_leaves_a_consistent_plan_or_none(tmp_path):
     from wancompile.report import Report
     from wancompile.report.markdown import render_markdown
 
-    cmd = [sys.executable, "-m", "wancompile.cli", "plan", "--model", "tiny", "--resolution", "tiny", "--frames", "9",
-           "--mesh", "2x4", "--out", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "wancompile.cli",
+        "plan",
+        "--model",
+        "tiny",
+        "--resolution",
+        "tiny",
+        "--frames",
+        "9",
+        "--mesh",
+        "2x4",
+        "--out",
+        str(tmp_path),
+    ]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr

@@ -38,8 +38,9 @@ def test_there_are_enough_cases_and_the_ids_are_stable():
 
 
 @pytest.mark.usefixtures("spmd")
-@pytest.mark.parametrize("case_id", [pytest.param(c.id, marks=() if c.id in DEFAULT else pytest.mark.slow)
-                                     for c in CASES if c.devices == 8])
+@pytest.mark.parametrize(
+    "case_id", [pytest.param(c.id, marks=() if c.id in DEFAULT else pytest.mark.slow) for c in CASES if c.devices == 8]
+)
 def test_fuzz_on_8_devices(case_id):
     from fuzz_cases import run_case
 
@@ -53,7 +54,7 @@ def test_fuzz_in_a_subprocess(devices):
 
     ids = [c.id for c in CASES + [ILLEGAL_SPLIT] if c.devices == devices]
     out = run_script(["tests/fuzz_cases.py", *ids], devices, timeout=1800)
-    rows = [json.loads(line[len("FUZZ "):]) for line in out.splitlines() if line.startswith("FUZZ ")]
+    rows = [json.loads(line[len("FUZZ ") :]) for line in out.splitlines() if line.startswith("FUZZ ")]
     assert [r["id"] for r in rows] == ids
     for r in rows:
         _judge(r, ALL[r["id"]].budget)

@@ -54,4 +54,6 @@ def test_one_default_hardware_rule_for_every_entry_point(tiny_capture):
     for shape, name in {(1, 2): "wh-n300", (2, 4): "wh-loudbox", (8, 4): "wh-galaxy"}.items():
         assert default_hardware(parse_mesh(shape)) == name and PROFILES[name].mesh_shape == shape
     assert plan_graph(tiny_capture[0], parse_mesh("2x4")).hardware == "wh-loudbox"  # the library
-    assert cli._parser().parse_args(["plan", "--model", "tiny", "--mesh", "8x4", "--out", "x"]).hardware is None  # the CLI: by mesh
+    assert (
+        cli._parser().parse_args(["plan", "--model", "tiny", "--mesh", "8x4", "--out", "x"]).hardware is None
+    )  # the CLI: by mesh
