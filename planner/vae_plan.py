@@ -33,6 +33,7 @@ cost multiplied by their count); edges carry the stream layout between consecuti
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -399,8 +400,8 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | Non
         for s in kept:
             ev = ctx.evaluate(rep, s)
             evals[gname, s.name] = ev
-            options.append(Option(s.name, s.key, to_ns(ev.seconds), 0, int(ctx.param_bytes(rep, s) * len(members) // KIB),
-                                  int(ev.peak_bytes * 3 // KIB)))
+            options.append(Option(s.name, s.key, to_ns(ev.seconds), 0, math.ceil(ctx.param_bytes(rep, s) * len(members) / KIB),
+                                  math.ceil(ev.peak_bytes * 3 / KIB)))  # KiB rounded up: (d) never undercounts
         groups.append(Group(gname, tuple(options), len(members)))
         tables[gname], excluded[gname] = kept, why
     edges = _edges(ctx, tables)
