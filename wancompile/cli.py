@@ -145,8 +145,9 @@ def _check_plan_args(args: argparse.Namespace):
 
 
 def _check_out_dir(out: Path, flag: str) -> None:
+    """`out` exists as a writable directory (created if needed), else a UsageError naming `flag`."""
     if out.exists() and not out.is_dir():
-        raise UsageError(f"{flag} {out} is a file; give a directory to write plan.json, plan.md and plan.html into")
+        raise UsageError(f"{flag} {out} is a file; give a directory to write into")
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -260,6 +261,10 @@ def diff_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     from wancompile.report.export import export_python
 
+    if args.output:
+        if Path(args.output).is_dir():
+            raise UsageError(f"-o {args.output} is a directory; give the path of the .py file to write")
+        _check_out_dir(Path(args.output).parent, "-o")
     text = export_python(_load(args.plan))
     if args.output:
         from planner.files import write_text
