@@ -30,7 +30,7 @@ def test_nothing_points_outside_the_project():
     hardware-figures.md)."""
     bad = []
     for p in _tracked():
-        if p.suffix not in (".py", ".md", ".toml", ".txt", ".json") or not p.is_file():
+        if p.suffix not in (".py", ".md", ".toml", ".txt", ".json") or not p.is_file() or p.name == "test_habits.py":
             continue
         for i, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
             if re.search(r"(\.\./|\b)shared/(seeds|reference)\b|\.\./shared\b", line) and not line.startswith("<!--"):
