@@ -414,7 +414,8 @@ class _Ctx:
                     collectives=collectives,
                     predicted=Predicted(compute + comm, compute, comm, int(memory)),
                     solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
-                    decisions=tuple(decisions), notes=tuple(notes), geometry=model_geometry(self.g))
+                    decisions=tuple(decisions), notes=tuple(notes), weight_sets=self.copies,
+                    geometry=model_geometry(self.g))
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 

@@ -157,6 +157,9 @@ class Plan:
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
     guards: tuple[Guard, ...] = ()  # divisibility the plan assumes of symbolic dims (planner.guards)
+    # Weight sets resident per device that the memory budget held (2: both Wan 2.2 experts); None: the
+    # plan was not budgeted (hand-written, replicated) or was saved before plans recorded it.
+    weight_sets: Optional[int] = None
     # The DiT geometry the plan was made for (`model_geometry`): heads, head_dim, tokens (an int, or the
     # symbolic expression whose divisibility `guards` state). Checked by `check`; {} for other graphs.
     geometry: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -269,6 +272,7 @@ class Plan:
             "rewrites": [r.to_json() for r in self.rewrites],
             "notes": list(self.notes),
             "guards": [{"expr": g.expr, "divisor": g.divisor, "what": g.what} for g in self.guards],
+            "weight_sets": self.weight_sets,
             **({"geometry": {**self.geometry, "layers": self.layers}} if self.geometry else {}),
         }
 
@@ -299,12 +303,21 @@ class Plan:
                 rewrites=tuple(RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ()))) for r in data.get("rewrites", [])),
                 notes=tuple(data.get("notes", ())),
                 guards=tuple(Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])),
+                weight_sets=_weight_sets_from_json(data.get("weight_sets")),
                 geometry={k: v for k, v in dict(data.get("geometry", {})).items() if k != "layers"},
             )
         except PlanError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise PlanError(f"plan.json is malformed ({type(e).__name__}: {e}); regenerate it with `wancompile plan`") from None
+
+
+def _weight_sets_from_json(value: Any) -> Optional[int]:
+    if value is None:  # not budgeted, or saved before plans recorded it
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PlanError(f"plan.json field 'weight_sets' must be an integer >= 1 or null, got {value!r}")
+    return value
 
 
 _BLOCK = re.compile(r"^blocks\.(\d+)\.")

@@ -519,4 +519,4 @@ def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, mode
     return Plan(model=model, mesh=mesh, params=params, activations=tuple(acts), hardware=ctx.hw.name, collectives=collectives,
                 predicted=Predicted(compute + comm, compute, comm, memory),
                 solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
-                decisions=tuple(decisions), notes=tuple(notes))
+                decisions=tuple(decisions), notes=tuple(notes), weight_sets=1)

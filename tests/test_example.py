@@ -42,3 +42,15 @@ def test_bad_mesh_string_is_a_usage_error():
     proc = subprocess.run([sys.executable, "examples/tiny_dit_sharded.py", "--mesh", "2by4"], cwd=ROOT,
                           capture_output=True, text=True)
     assert proc.returncode == 2 and "cannot parse mesh '2by4'" in proc.stderr
+
+
+def test_tiny_pipeline_example_two_experts_cfg_batched():
+    out = run_script(["examples/tiny_pipeline.py", "--mesh", "2x4", "--cfg-parallel", "--json"], num_devices=8)
+    report = json.loads(out.strip().splitlines()[-1])
+    assert report["experts"] == 2 and report["weight_sets_budgeted"] == 2
+    assert report["latents"]["pcc"] >= 0.99999 and report["latents"]["max_abs"] <= 2e-5
+    assert report["frames"]["pcc"] >= 0.99999 and report["frames"]["max_abs"] <= 1e-5
+    # one batch-2 DiT graph for both experts + the full-T decode; none more on the second call
+    assert report["graphs_compiled"] == 2 and report["recompiles_second_call"] == 0
+    assert report["fold_runs"] == 2 and report["fold_parameter_sets"] == 2
+    assert report["cfg"] == {"batched": 8, "served": 8, "fallthrough": 0}  # 2 calls x 4 steps

@@ -5,6 +5,32 @@
 
 __version__ = "0.1.0"
 
+from wancompile import runtime as _runtime
+
+# SPMD must be on before torch_xla's runtime starts; torch.compile(..., backend="wan_autoshard")
+# imports this package, so enabling it here makes compile-then-run safe (wancompile/runtime.py).
+if not _runtime.enable_spmd_early():
+    import warnings
+
+    warnings.warn("wancompile was imported after torch_xla's runtime started without SPMD; wan_autoshard "
+                  "compiles in this process will be refused (see wancompile/runtime.py). Import wancompile "
+                  "before the first XLA use.", RuntimeWarning, stacklevel=2)
+
 from wancompile.vae import disable_full_t, enable_full_t
 
-__all__ = ["enable_full_t", "disable_full_t", "__version__"]
+
+def compile_pipeline(pipe, *args, **kwargs):
+    """Compile a diffusers `WanPipeline`'s transformer(s) and VAE decode; see `wancompile.pipeline.compile_pipeline`."""
+    from wancompile.pipeline import compile_pipeline as _compile_pipeline
+
+    return _compile_pipeline(pipe, *args, **kwargs)
+
+
+def restore_pipeline(pipe):
+    """Undo `compile_pipeline`; see `wancompile.pipeline.restore_pipeline`."""
+    from wancompile.pipeline import restore_pipeline as _restore_pipeline
+
+    return _restore_pipeline(pipe)
+
+
+__all__ = ["compile_pipeline", "restore_pipeline", "enable_full_t", "disable_full_t", "__version__"]

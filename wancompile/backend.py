@@ -15,7 +15,6 @@ without a plan that fits it.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -118,12 +117,13 @@ def _check_rewrites(plan: Plan, opts: Options) -> None:
 
 
 def _start_runtime(opts: Options) -> None:
-    """Virtual CPU devices when nothing else is configured; HLO dumps under dump_dir."""
+    """SPMD on (or a clear refusal: `runtime.require_spmd`); before the runtime starts, virtual CPU
+    devices for the mesh where none are configured, and HLO dumps under dump_dir."""
     if not runtime.runtime_started():
-        if "PJRT_DEVICE" not in os.environ or os.environ["PJRT_DEVICE"] == "CPU":
-            n = opts.mesh.size if opts.mesh is not None else None
-            runtime.configure(num_devices=n, dump_dir=(opts.dump_dir / "hlo") if opts.dump_dir and not runtime.current_dump_dir() else None)
-    runtime.use_spmd()
+        runtime.ensure_cpu_devices(opts.mesh.size if opts.mesh is not None else None, log)
+        if opts.dump_dir and not runtime.current_dump_dir():
+            runtime.configure(dump_dir=opts.dump_dir / "hlo")
+    runtime.require_spmd()
 
 
 def _model_name(gm: fx.GraphModule) -> str:
@@ -146,6 +146,10 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
             )
         if plan.mesh.axis_names != mesh.axis_names:
             raise PlanError(f"plan {opts.plan} names mesh axes {plan.mesh.axis_names}, this mesh has {mesh.axis_names}")
+        if plan.weight_sets is not None and plan.weight_sets < opts.weight_sets:
+            log.warning("wan_autoshard: plan %s was budgeted for %d resident weight set(s) but weight_sets=%d; it may not "
+                        "fit device memory. Re-plan with weight_sets=%d (drop the `plan` option).",
+                        opts.plan, plan.weight_sets, opts.weight_sets, opts.weight_sets)
         return plan
     return solve(graph, mesh, opts, values)
 
@@ -171,7 +175,8 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
         return plan_vae(graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model)
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)
-        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model, values=values or None)
+        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model, values=values or None,
+                          weight_copies=opts.weight_sets)
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
 

@@ -13,8 +13,13 @@ two:
   (appended after the original ones, so the call signature only grows) and the folded nodes gone.
 
 `FoldedValues` runs the fold program on the parameters' XLA copies (already sharded as the plan says),
-syncs, and hands the results to every later call until a parameter it read changes (identity or
-``_version``, like `wancompile.lowering.ParamCache`). The fold program is its own SPMD computation:
+syncs, and hands the results to every later call with the same parameters. It keeps one entry per
+*parameter set* — the identity and ``_version`` of every parameter the fold program reads (like
+`wancompile.lowering.ParamCache`) — so one compiled graph that serves several modules with the same
+code (the two Wan 2.2 experts: dynamo passes parameters as inputs, so both run one graph) folds once
+per module, not on every switch. An entry goes when a parameter of its set is updated in place
+(newer ``_version``) or freed, and beyond `FoldedValues.max_sets` sets the least recently used one
+goes; each entry holds its folded values on the device (no more than the parameters they read). The fold program is its own SPMD computation:
 GSPMD propagates the input shardings through it to its outputs, which is what it does to the same
 ops in-graph (they sit upstream of everything else), so the main program sees the same shardings.
 
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import operator
 import weakref
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -75,6 +81,11 @@ def _mutates(node: fx.Node) -> bool:
 _BROADCASTS = {"expand", "expand_as", "broadcast_to", "repeat", "tile", "repeat_interleave"}
 # Host/device transfers and host reads: they must stay where the graph put them.
 _TRANSFERS = {"cpu", "cuda", "numpy", "tolist", "item", "pin_memory"}
+
+
+def moves_to_host(node: fx.Node) -> bool:
+    """Does this FX node copy a value off the XLA device (``.cpu()``, ``.item()``, ``.to(<device>)``, ...)?"""
+    return node.op in ("call_method", "call_function") and (_name(node) in _TRANSFERS or _moves_device(node))
 
 
 def _moves_device(node: fx.Node) -> bool:
@@ -171,33 +182,51 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
 
 
 class FoldedValues:
-    """The fold program's results, computed on the device once per version of the parameters it reads."""
+    """The fold program's results, computed on the device once per parameter set and version."""
+
+    max_sets = 4  # parameter sets kept (2 Wan 2.2 experts + headroom); least recently used goes first
 
     def __init__(self, split: FoldSplit) -> None:
         self.split = split
-        self._key: Optional[list[tuple[weakref.ref, int]]] = None
-        self._values: list[torch.Tensor] = []
+        # (id, _version) of each source argument -> (weak references to them, their folded values)
+        self._sets: OrderedDict[tuple, tuple[list[weakref.ref], list[torch.Tensor]]] = OrderedDict()
+        self._values: list[torch.Tensor] = []  # the values of the last call's set
         self.runs = 0  # how many times the fold program ran (tests, logs)
 
-    def _valid(self, args: Sequence[Any]) -> bool:
-        if self._key is None:
-            return False
-        return all(ref() is args[i] and version == args[i]._version
-                   for i, (ref, version) in zip(self.split.sources, self._key))
+    def _key(self, args: Sequence[Any]) -> tuple:
+        return tuple((id(args[i]), args[i]._version) for i in self.split.sources)
+
+    def _alive(self, refs: list[weakref.ref], args: Sequence[Any]) -> bool:
+        return all(ref() is args[i] for i, ref in zip(self.split.sources, refs))
 
     def get(self, args: Sequence[Any], device_arg: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
         """Folded values for the call's arguments `args` (host or XLA); `device_arg(i)` gives argument
         i on the device, sharded as the plan says."""
-        if self._valid(args):
-            return self._values
+        key = self._key(args)
+        hit = self._sets.get(key)
+        if hit is not None and self._alive(hit[0], args):
+            self._sets.move_to_end(key)
+            self._values = hit[1]
+            return hit[1]
         import torch_xla
 
+        # Drop what can never hit again: sets with a freed parameter, older versions of this set.
+        ids = {i for i, _ in key}
+        for k, (refs, _) in list(self._sets.items()):
+            if any(r() is None for r in refs) or {i for i, _ in k} == ids:
+                del self._sets[k]
         inputs = [device_arg(i) for i in self.split.sources]
         # clone: a view (``flatten`` of the ``cat``) would keep its base alive as pending IR, which the
         # next sync would compute again as an extra output of the main program.
         values = [v.clone() for v in self.split.fold(*inputs)]
         torch_xla._XLAC._xla_sync_multi(values, [], wait=True)
+        self._sets[key] = ([weakref.ref(args[i]) for i in self.split.sources], values)
+        while len(self._sets) > self.max_sets:
+            self._sets.popitem(last=False)
         self._values = values
-        self._key = [(weakref.ref(args[i]), args[i]._version) for i in self.split.sources]
         self.runs += 1
         return values
+
+    def cached_sets(self) -> int:
+        """How many parameter sets have folded values cached now."""
+        return len(self._sets)

@@ -9,6 +9,10 @@ attributed to K/V recomputation. Written as mean / centred mean-square / rsqrt, 
 a pair of reductions over D that GSPMD keeps token-local; the gathers disappear
 (tests/test_lowering.py asserts both ways).
 
+``t.to(<device>)``: dropped (`drop_device_moves`): dynamo bakes the traced-on device (the host) into
+diffusers' ``shift.to(hidden_states.device)``; lowered, that copies to the host mid-trace and comes
+back as a constant, which a replayed program would keep from its first call.
+
 Both the sharded program and its one-device reference run the legalized graph, so verification
 compares like with like; against the original op the decomposition differs by fp32 rounding only
 (max-abs ~1e-7 on unit-scale activations, asserted in tests).
@@ -41,12 +45,41 @@ _REPLACEMENTS = {F.layer_norm: layer_norm_decomposed, torch.layer_norm: layer_no
 
 
 def legalize(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
-    """Return a copy of `gm` with SPMD-unfriendly ops replaced, and how many were replaced."""
-    gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
+    """Return a copy of `gm` with SPMD-unfriendly ops replaced, and how many were replaced; device-only
+    ``.to`` moves are dropped too (`drop_device_moves`, not counted)."""
+    gm, _ = drop_device_moves(gm)
     count = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _REPLACEMENTS:
             node.target = _REPLACEMENTS[node.target]
             count += 1
+    gm.recompile()
+    return gm, count
+
+
+def drop_device_moves(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
+    """A copy of `gm` without ``t.to(<device>)`` calls that only name a device; returns it and how many went.
+
+    diffusers writes ``t.to(x.device)`` in places (the DiT's ``norm_out`` shift/scale, the VAE causal
+    conv's carried frames ``cache_x``). Dynamo records the device it traced with (the host CPU) as a
+    literal, so the lowered program would copy the value to the host in mid-trace — a device
+    execution — and read it back as a constant: frozen into a replayed program (the DiT's output then
+    keeps the first call's timestep), or mixing host and XLA tensors (chunked-T ``torch.cat``). The
+    lowered program runs every tensor on the XLA device, so such a move is an identity there."""
+    gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
+    count = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_method" or node.target != "to" or not isinstance(node.args[0], fx.Node):
+            continue
+        extra = set(node.kwargs) - {"device", "non_blocking", "copy"}
+        devices = [*node.args[1:], *([node.kwargs["device"]] if "device" in node.kwargs else [])]
+        if extra or len(devices) != 1 or not isinstance(devices[0], (torch.device, str)) or node.kwargs.get("copy"):
+            continue
+        if isinstance(devices[0], str) and devices[0].split(":")[0] not in ("cpu", "cuda", "xla", "meta"):
+            continue  # a dtype name or something else, not a device
+        node.replace_all_uses_with(node.args[0])
+        gm.graph.erase_node(node)
+        count += 1
+    gm.graph.lint()
     gm.recompile()
     return gm, count

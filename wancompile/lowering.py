@@ -3,16 +3,24 @@
 What the partitioner sees (DESIGN.md §4): parameters get ``xs.mark_sharding`` on their XLA tensors
 before the first trace (they become the computation's input shardings); each activation constraint
 becomes a plain Python call of ``xs.mark_sharding`` inserted into the FX graph right after the op at
-the plan's `Location`, which torch_xla records as a sharding annotation on that HLO value. The
-graph then runs on XLA tensors under lazy tracing: each call traces the FX graph (Python cost
-only; ~10 µs per op) and torch_xla reuses the compiled computation cached under the trace's hash.
+the plan's `Location`, which torch_xla records as a sharding annotation on that HLO value.
 
-Why not torch_xla's dynamo bridge (the ``openxla_eval`` backend), which traces once and replays:
-with SPMD and an in-graph constraint that actually reshards (the block-stack SP entry, the K/V
-gather), torch_xla 2.9's bridge fails on its first replay with "Trying to access XLA data for tensor
-... while an async operation is in flight: UNKNOWN_SCALAR[]" (tests/test_lowering.py pins this);
-constraints that do not reshard and parameter shardings work there. The ``openxla`` AOT path
-rejects in-graph annotations altogether (DESIGN.md §4).
+Trace once, replay (`Replay`): the first call for an input signature runs the FX graph on XLA tensors
+under lazy tracing in program order (so diffusers' RoPE ``out[..., 0::2] = ...`` writes stay before
+their reads: docs/numerics.md), compiles the traced graph and records its hash and where each of its
+inputs comes from (a call argument, or a constant the trace made, such as a scalar). Every later call
+with that signature hands the arguments straight to ``torch_xla._XLAC._run_cached_graph`` — the
+mechanism torch_xla's dynamo bridge replays with — with no FX interpretation and no IR building.
+A graph that mutates an input, draws random numbers, copies a device value to the host mid-program
+(its value would come back as a constant frozen into the replay) or returns an input unchanged is
+not replayed: it is traced per call, and ``ShardedProgram.not_replayed`` says why.
+
+Why not torch_xla's dynamo bridge itself (the ``openxla_eval`` backend): it re-sorts the FX graph by
+data edges (the RoPE write-order bug), and with SPMD and an in-graph constraint that reshards (the
+block-stack SP entry, the K/V gather) torch_xla 2.9's bridge fails on its first replay with "Trying to
+access XLA data for tensor ... while an async operation is in flight: UNKNOWN_SCALAR[]"
+(tests/test_lowering.py pins this). The ``openxla`` AOT path rejects in-graph annotations altogether
+(DESIGN.md §4).
 
 This is the only module that imports torch_xla's SPMD API.
 """
@@ -97,20 +105,102 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
 
 
 class ParamCache:
-    """XLA copies of host parameters, made (and sharded) once per tensor version."""
+    """Parameters as the program reads them, prepared once per tensor version: an XLA copy of a host
+    parameter (made and sharded on first use), or an XLA parameter checked to carry a sharding. Keyed
+    by identity and ``_version``, so a per-call hit is a dict lookup (a 40-block DiT has ~1,000)."""
 
     def __init__(self) -> None:
-        self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        # id -> (weak ref to the caller's tensor, its version, the XLA copy or None for "use it as is")
+        self._copies: dict[int, tuple[weakref.ref, int, Optional[torch.Tensor]]] = {}
 
-    def get(self, t: torch.Tensor, device: torch.device, shard: Callable[[torch.Tensor], None]) -> torch.Tensor:
-        key = id(t)
-        hit = self._copies.get(key)
+    def get(self, t: torch.Tensor, prepare: Callable[[torch.Tensor], Optional[torch.Tensor]]) -> torch.Tensor:
+        hit = self._copies.get(id(t))
         if hit is not None and hit[0]() is t and hit[1] == t._version:
-            return hit[2]
-        x = t.detach().to(device)
-        shard(x)
-        self._copies[key] = (weakref.ref(t), t._version, x)
+            return t if hit[2] is None else hit[2]
+        x = prepare(t)
+        self._copies[id(t)] = (weakref.ref(t), t._version, None if x is t else x)
         return x
+
+
+_TENSOR = object()  # marks a tensor output leaf in `Replay.leaves`
+
+
+def _host_reads() -> int:
+    """Device-to-host transfers so far in this process (torch_xla's metric)."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("TransferFromDeviceTime")
+    return data[0] if data else 0
+
+
+class Replay:
+    """One traced and compiled program, replayed by graph hash.
+
+    `trace` runs `fn` once on `args` (XLA tensors holding device data, or Python values), compiles
+    the graph rooted at its tensor outputs and runs it; afterwards ``replay(args)`` runs the cached
+    computation on new arguments of the same signature. ``sources[i]`` is the argument position of
+    the computation's i-th input, or None for a constant of the trace (kept in ``constants``)."""
+
+    def __init__(self, graph_hash: Any, sources: list[Optional[int]], constants: list[Optional[torch.Tensor]],
+                 leaves: list[Any], treespec: Any) -> None:
+        self.graph_hash, self.sources, self.constants = graph_hash, sources, constants
+        self.leaves, self.treespec = leaves, treespec  # output leaves, _TENSOR where a tensor goes
+        self.runs = 0
+
+    @classmethod
+    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device, refuse: str = ""
+              ) -> tuple[Optional["Replay"], Any, str, list[int]]:
+        """(replay or None, this call's output, why not replayable or "", positions of the arguments
+        the graph wrote into); `refuse`: a reason known beforehand not to replay."""
+        import torch.utils._pytree as pytree
+        import torch_xla
+
+        C = torch_xla._XLAC
+        tensor_args = [(i, a) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+        if any(C._check_tensor_need_materialization([a for _, a in tensor_args])):
+            C._xla_sync_multi([a for _, a in tensor_args], devices=[], wait=True, sync_xla_data=True)
+        arg_of = {C._xla_get_tensor_id(a): i for i, a in tensor_args}
+        host_reads = _host_reads()
+        out = fn(*args)
+        host_reads = _host_reads() - host_reads
+        leaves, treespec = pytree.tree_flatten(out)
+        outs = [t for t in leaves if isinstance(t, torch.Tensor)]
+        written = C._check_tensor_need_materialization([a for _, a in tensor_args])
+        mutated = [i for (i, _), w in zip(tensor_args, written) if w]
+        why = refuse
+        if why:
+            pass
+        elif mutated:
+            why = "the graph writes into one of its inputs"
+        elif host_reads:
+            why = "the graph copies a device value to the host mid-program (a replay would freeze it)"
+        elif not all(C._check_tensor_need_materialization(outs)):
+            why = "the graph returns an input (or a constant) unchanged"
+        if why:
+            torch_xla.sync()
+            return None, out, why, mutated
+        ids, values = C._get_tensors_xla_device_data_node(outs)
+        if C._get_seed_info_id() in ids:
+            torch_xla.sync()
+            return None, out, "the graph draws random numbers (its seed must advance per call)", []
+        sources = [arg_of.get(i) for i in ids]
+        constants = [None if src is not None else v for src, v in zip(sources, values)]
+        graph_hash = C._get_graph_hash(outs)
+        C._xla_warm_up_cache(outs, [])
+        C._clear_pending_irs(str(device))
+        replay = cls(graph_hash, sources, constants,
+                     [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves], treespec)
+        return replay, replay(args), "", []
+
+    def __call__(self, args: Sequence[Any]) -> Any:
+        import torch.utils._pytree as pytree
+        import torch_xla
+
+        inputs = [args[src] if src is not None else const for src, const in zip(self.sources, self.constants)]
+        results = iter(torch_xla._XLAC._run_cached_graph(self.graph_hash, inputs))
+        self.runs += 1
+        return pytree.tree_unflatten([next(results) if leaf is _TENSOR else leaf for leaf in self.leaves],
+                                     self.treespec)
 
 
 class ShardedProgram:
@@ -127,7 +217,7 @@ class ShardedProgram:
                  fold: Optional[bool] = None) -> None:
         import torch_xla
 
-        from wancompile.fold import FoldedValues, split_parameter_subgraphs
+        from wancompile.fold import FoldedValues, moves_to_host, split_parameter_subgraphs
 
         self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
         self.hlo_path = self.fold_hlo_path = None
@@ -137,11 +227,22 @@ class ShardedProgram:
         self._params = [n.param for n in placeholders]
         self._input_specs = self._placeholder_specs(placeholders)
         self._cache = ParamCache()
+        self._preparers = [self._preparer(spec) for spec in self._input_specs]
+        self._inputs = [i for i, param in enumerate(self._params) if param is None]
+        self._replays: dict[tuple, Replay] = {}
+        self.traces = 0  # how many times the FX graph was traced (once per input signature when replayed)
+        self.not_replayed: Optional[str] = None  # why the last trace could not be replayed
         self.fold = None  # FoldedValues, when the graph has parameter-only subgraphs
         split = split_parameter_subgraphs(self.lowered, self._params) if (self.fold_parameters if fold is None else fold) else None
         if split is not None:
             self.fold = FoldedValues(split)
             self.lowered = split.main
+        moves = [n.name for n in self.lowered.graph.nodes if moves_to_host(n)]
+        self._host_moves = (f"the graph copies values to the host mid-program ({', '.join(moves)}): a replay "
+                            "would freeze them") if moves else None
+        # per argument of the lowered program: its parameter name, None for inputs (folded values are
+        # functions of parameters)
+        self._signature_params = self._params + (["<folded>"] * len(self.fold.split.folded) if self.fold else [])
 
     def _placeholder_specs(self, placeholders) -> list[Optional[PartitionSpec]]:
         """Sharding for each placeholder: the plan's parameter spec, or an activation constraint
@@ -161,21 +262,31 @@ class ShardedProgram:
     def to_device(self, args: Sequence[Any], needed: Optional[Sequence[bool]] = None) -> list[Any]:
         """The arguments on the device, parameters sharded and cached; where `needed` is False the
         argument is left as it is (a parameter only the fold program reads is not kept on device)."""
-        out = []
-        for i, (a, param, spec) in enumerate(zip(args, self._params, self._input_specs)):
+        out = list(args)
+        for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor) or (needed is not None and not needed[i]):
-                out.append(a)
-            elif a.device.type == "xla":
-                if param is not None and spec is not None:
-                    self._ensure_sharded(a, spec)
-                out.append(a)
-            elif param is not None:
-                out.append(self._cache.get(a, self.device, self._mark(spec)))
+                continue
+            if self._params[i] is not None:
+                out[i] = self._cache.get(a, self._preparers[i])
             else:
-                x = a.detach().to(self.device)
-                self._mark(spec)(x)
-                out.append(x)
+                out[i] = self._preparers[i](a)
         return out
+
+    def _preparer(self, spec: Optional[PartitionSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Argument -> the XLA tensor the program reads: a host tensor copied and sharded as `spec`
+        says, an XLA tensor given the sharding when it has none."""
+        mark = self._mark(spec)
+
+        def prepare(a: torch.Tensor) -> torch.Tensor:
+            if a.device.type == "xla":
+                if spec is not None:
+                    self._ensure_sharded(a, spec)
+                return a
+            x = a.detach().to(self.device)
+            mark(x)
+            return x
+
+        return prepare
 
     def _ensure_sharded(self, x: torch.Tensor, spec: PartitionSpec) -> None:
         import torch_xla
@@ -184,29 +295,48 @@ class ShardedProgram:
             self._mark(spec)(x)
 
     def __call__(self, *args: Any) -> Any:
-        import torch_xla
-
         from wancompile import hlo, runtime
 
-        host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
+        host = next((args[i].device for i in self._inputs
+                     if isinstance(args[i], torch.Tensor) and args[i].device.type != "xla"), None)
         xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
         if self.fold is not None:
             xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
             xla_args += self._folded(args, xla_args)
-        dump = runtime.current_dump_dir() if self.hlo_path is None else None
-        before = hlo.dump_state(dump) if dump else {}
-        out = self.lowered(*xla_args)
-        torch_xla.sync()
-        if dump:
-            key = self._program_key(xla_args)
-            new = hlo.new_modules(dump, before)
-            if new:
-                _HLO_BY_PROGRAM[key] = hlo.main_module(new)
-            # No new dump: XLA reused an identical compiled program (same code, plan and shapes).
-            self.hlo_path = _HLO_BY_PROGRAM.get(key)
+        signature = self._signature(xla_args)
+        replay = self._replays.get(signature) if self._host_moves is None else None
+        if replay is not None:
+            out = replay(xla_args)
+        else:
+            dump = runtime.current_dump_dir() if self.hlo_path is None else None
+            before = hlo.dump_state(dump) if dump else {}
+            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device,
+                                                     refuse=self._host_moves or "")
+            self.traces += 1
+            if replay is not None:
+                self._replays[signature] = replay
+            else:
+                self.not_replayed = why
+            for i in mutated:  # in-place writes into host arguments land where the caller sees them
+                if args[i].device.type != "xla":
+                    with torch.no_grad():
+                        args[i].copy_(xla_args[i].to(args[i].device))
+            if dump:
+                key = self._program_key(xla_args)
+                new = hlo.new_modules(dump, before)
+                if new:
+                    _HLO_BY_PROGRAM[key] = hlo.main_module(new)
+                # No new dump: XLA reused an identical compiled program (same code, plan and shapes).
+                self.hlo_path = _HLO_BY_PROGRAM.get(key)
         if host is None:
             return out
         return _to_host(out, host)
+
+    def _signature(self, xla_args: Sequence[Any]) -> tuple:
+        """What a replay is specialised to beyond dynamo's own guards: the sizes of the inputs that are
+        not parameters (they vary under ``dynamic=True``) and the values of non-tensor arguments."""
+        return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+                     for a, param in zip(xla_args, self._signature_params) if param is None)
 
     def _folded(self, args: Sequence[Any], xla_args: Sequence[Any]) -> list[torch.Tensor]:
         """The fold program's values (cached per parameter version); its HLO is recorded apart."""

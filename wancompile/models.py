@@ -101,3 +101,50 @@ def transformer_inputs(name: str, resolution: str, frames: int, *, device: str |
     out = {k: torch.randn(s, generator=g, dtype=dtype) for k, s in shapes.items()}
     out["timestep"] = torch.full((batch,), 500, dtype=torch.long)
     return {k: v.to(device) for k, v in out.items()}
+
+
+# diffusers' own tiny Wan pipeline components (tests/pipelines/wan/test_wan.py, test_wan_22.py):
+# a 2-block DiT with 2 heads x 12, text_dim 32, and a 3-channel Wan 2.1 VAE.
+TINY_PIPELINE_TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
+                                 out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2,
+                                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
+TINY_PIPELINE_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
+                         temperal_downsample=[False, True, True])
+
+
+def build_tiny_pipeline(*, two_experts: bool = True, seed: int = 0, boundary_ratio: float = 0.875,
+                        transformer: Optional[dict] = None):
+    """diffusers' real `WanPipeline` from tiny random components, as diffusers' pipeline tests build them,
+    without tokenizer or text encoder (call it with ``prompt_embeds``/``negative_prompt_embeds``, e.g.
+    `tiny_pipeline_inputs`).
+
+    ``two_experts=True``: Wan 2.2 style, `transformer_2` and `boundary_ratio` set, the two experts with
+    different random weights (seeds `seed` and `seed + 1`); False: Wan 2.1 style, one transformer.
+    `transformer` overrides entries of the DiT config."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+
+    cfg = dict(TINY_PIPELINE_TRANSFORMER, **(transformer or {}))
+    torch.manual_seed(seed)
+    vae = AutoencoderKLWan(**TINY_PIPELINE_VAE).eval()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    torch.manual_seed(seed)
+    high = WanTransformer3DModel(**cfg).eval()
+    low = None
+    if two_experts:
+        torch.manual_seed(seed + 1)
+        low = WanTransformer3DModel(**cfg).eval()
+    return WanPipeline(tokenizer=None, text_encoder=None, transformer=high, vae=vae, scheduler=scheduler,
+                       transformer_2=low, boundary_ratio=boundary_ratio if two_experts else None)
+
+
+def tiny_pipeline_inputs(pipe, *, seed: int = 0, steps: int = 2, height: int = 32, width: int = 32, frames: int = 9,
+                         text_len: int = 16, guidance_scale: float = 6.0) -> dict[str, Any]:
+    """`WanPipeline.__call__` kwargs for `build_tiny_pipeline`: random prompt embeddings (cond and uncond),
+    a seeded generator, a few steps; the caller picks ``output_type``."""
+    model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+    text_dim = model.config.text_dim
+    g = torch.Generator().manual_seed(seed)
+    return dict(prompt_embeds=torch.randn(1, text_len, text_dim, generator=g),
+                negative_prompt_embeds=torch.randn(1, text_len, text_dim, generator=g),
+                generator=torch.Generator().manual_seed(seed + 1), num_inference_steps=steps,
+                guidance_scale=guidance_scale, height=height, width=width, num_frames=frames)

@@ -44,6 +44,8 @@ class Options:
     verify: bool = False
     # Graph rewrites to run before planning: a tuple of names from REWRITE_NAMES.
     rewrites: tuple[str, ...] = ()
+    # Weight sets resident per device that the memory budget must hold (2 for both Wan 2.2 A14B experts).
+    weight_sets: int = 1
 
     @classmethod
     def from_user(cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> "Options":
@@ -69,7 +71,8 @@ class Options:
         return _parse(raw)
 
 
-_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites"})
+_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites",
+                    "weight_sets"})
 # WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
 # variable with the prefix is taken for a misspelt option and refused; add new ones here.
 OTHER_ENV: frozenset[str] = frozenset()
@@ -128,6 +131,14 @@ def _parse(raw: dict[str, Any]) -> Options:
                 f"or a built-in plan: {', '.join(BUILTIN_PLANS)}"
             )
 
+    weight_sets = raw.get("weight_sets", 1)
+    try:
+        ok = not isinstance(weight_sets, bool) and float(weight_sets) == int(weight_sets) and int(weight_sets) >= 1
+    except (TypeError, ValueError):
+        ok = False
+    if not ok:
+        raise OptionsError(f"option 'weight_sets' must be an integer >= 1 (weight sets resident per device, e.g. 2 "
+                           f"for both Wan 2.2 experts), got {weight_sets!r}")
     hardware = str(raw["hardware"]) if raw.get("hardware") else None
     if hardware is not None:
         _check_hardware(hardware, mesh)
@@ -141,6 +152,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         memory_gb=memory_gb,
         verify=verify,
         rewrites=_parse_rewrites(raw.get("rewrites", "none")),
+        weight_sets=int(weight_sets),
     )
 
 

@@ -1,0 +1,359 @@
+"""One call to compile a diffusers `WanPipeline`: its transformer(s) and its VAE decode.
+
+    import wancompile
+    wancompile.compile_pipeline(pipe, mesh="2x4")            # then call pipe(...) as usual
+    frames = pipe(prompt_embeds=..., negative_prompt_embeds=..., output_type="np").frames
+
+What it does to `pipe` (everything else, and diffusers' denoising loop, stays as it is):
+
+* ``pipe.transformer`` and ``pipe.transformer_2`` (when present) become
+  ``torch.compile(module, backend="wan_autoshard", options=...)`` with ``weight_sets`` = the number of
+  transformers, so the planner's memory budget holds every resident expert. The two Wan 2.2 experts
+  have the same forward code, so dynamo hands the backend one graph for both (parameters are graph
+  inputs): one plan (budgeted for both), one compiled program, and the constant-fold cache keeps one
+  entry per expert (`wancompile.fold`), so switching experts re-folds nothing.
+* ``pipe.vae.decode`` becomes the compiled full-T decode (`wancompile.enable_full_t`), chunked-T with
+  ``vae=k``, or with ``vae="auto"`` full-T when the clip fits the memory budget and chunked-T with the
+  chunk size `wancompile.vae.choose_t_chunk` picks otherwise (see `_BudgetedDecode`).
+* ``cfg_parallel=True`` wraps each transformer in `CFGBatched`: the classifier-free-guidance pair of one
+  step (diffusers' ``cache_context("cond")`` call, then ``cache_context("uncond")``) runs as one batch-2
+  forward; the uncond call gets its cached half back. The batch is placed on the mesh by the planner.
+
+Calling it again first restores what it changed (`restore_pipeline`), so it is safe to call twice or
+with other arguments. The pipe is returned; `compilation(pipe)` gives the `PipelineCompilation` record.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+
+log = logging.getLogger("wancompile")
+
+TRANSFORMERS = ("transformer", "transformer_2")
+DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
+_STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
+
+
+@dataclass
+class PipelineCompilation:
+    """What `compile_pipeline` did to one pipeline, and what it needs to undo it."""
+
+    options: dict[str, Any]                       # backend options shared by every component
+    transformers: tuple[str, ...]                 # the pipeline attributes compiled ("transformer", ...)
+    vae: Optional[Union[str, int]]                # "full", "auto", k (chunked-T), or None (left alone)
+    cfg_parallel: bool
+    originals: dict[str, Any] = field(default_factory=dict, repr=False)  # attribute -> module before compiling
+    vae_before: Optional[tuple[bool, Optional[int]]] = field(default=None, repr=False)  # (full-T on, its t_chunk)
+    cfg: Optional["_CFGState"] = field(default=None, repr=False)
+    decode: Any = field(default=None, repr=False)  # the compiled decode installed on pipe.vae
+
+    before: list = field(default_factory=list, repr=False)  # the backend's recent programs when compiled
+
+    def programs(self) -> list:
+        """The DiT `ShardedProgram`s the backend compiled since `compile_pipeline` (newest last): this
+        pipeline's transformers', unless other modules were compiled in between."""
+        from wancompile.backend import _RECENT
+
+        return [p for p in _RECENT if p.plan.model == "wan-dit" and not any(p is q for q in self.before)]
+
+
+def compilation(pipe) -> Optional[PipelineCompilation]:
+    """The `PipelineCompilation` of a pipeline `compile_pipeline` compiled, else None."""
+    return pipe.__dict__.get(_STATE_ATTR)
+
+
+def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, memory_gb: Optional[float] = None, *,
+                     vae: Optional[Union[str, int, bool]] = "auto", cfg_parallel: bool = False,
+                     dump_dir: Optional[Union[str, Path]] = None, fullgraph: bool = True, **options: Any):
+    """Compile `pipe`'s transformer(s) and VAE decode with ``backend="wan_autoshard"``; returns `pipe`.
+
+    Args:
+        pipe: a diffusers `WanPipeline` (Wan 2.1 style, or Wan 2.2 with ``transformer_2``).
+        mesh, hardware, memory_gb: the backend options of those names, for every component.
+        vae: "auto" (full-T if it fits the memory budget, else chunked-T with the budget's chunk size),
+            "full" (full-T), an int k (chunked-T, k latent frames per chunk), or None/False (leave the
+            VAE alone).
+        cfg_parallel: run each step's cond + uncond forwards as one batch-2 forward (`CFGBatched`).
+        dump_dir: decision dumps under ``dump_dir/transformer`` (the experts' shared graph) and
+            ``dump_dir/vae``.
+        fullgraph: passed to `torch.compile` for the transformers (the Wan DiT captures in one graph).
+        **options: further backend options (``rewrites``, ``verify``, ...) for every component; ``plan``
+            and ``weight_sets`` (default: the number of transformers) go to the transformers only.
+    """
+    _check_pipeline(pipe)
+    if vae is True:
+        vae = "auto"
+    if vae is False:
+        vae = None
+    if not (vae in (None, "auto", "full") or (isinstance(vae, int) and not isinstance(vae, bool) and vae >= 1)):
+        raise ValueError(f"compile_pipeline: vae must be 'auto', 'full', a positive int (latent frames per chunk) or "
+                         f"None (leave the VAE alone), got {vae!r}")
+    if not isinstance(cfg_parallel, bool):
+        raise ValueError(f"compile_pipeline: cfg_parallel must be True or False, got {cfg_parallel!r}")
+    if compilation(pipe) is not None:
+        restore_pipeline(pipe)
+
+    names = tuple(n for n in TRANSFORMERS if getattr(pipe, n, None) is not None)
+    opts = {k: v for k, v in dict(mesh=mesh, hardware=hardware, memory_gb=memory_gb).items() if v is not None}
+    opts.update(options)
+    from wancompile.options import Options
+
+    Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
+    from wancompile.backend import _RECENT
+
+    state = PipelineCompilation(options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_parallel,
+                                before=list(_RECENT))
+    dump = Path(dump_dir) if dump_dir is not None else None
+
+    # One options dict for every transformer: equal options let the experts share one compiled graph.
+    dit_opts = dict(opts, weight_sets=opts.get("weight_sets", len(names)))
+    if dump is not None:
+        dit_opts["dump_dir"] = str(dump / "transformer")
+    if cfg_parallel:
+        state.cfg = _CFGState()
+        _capture_negative_prompt(pipe, state.cfg)
+    for name in names:
+        module = getattr(pipe, name)
+        state.originals[name] = module
+        compiled = torch.compile(module, backend="wan_autoshard", options=dit_opts, fullgraph=fullgraph)
+        setattr(pipe, name, CFGBatched(compiled, module, state.cfg) if cfg_parallel else compiled)
+
+    if vae is not None:
+        from wancompile.vae import installed_t_chunk, is_full_t_enabled
+
+        state.vae_before = (True, installed_t_chunk(pipe.vae)) if is_full_t_enabled(pipe.vae) else (False, None)
+        # `plan` (a DiT plan or "tt-xla") and `weight_sets` are the transformers' options; the VAE is planned
+        # by the VAE planner and holds its own weights once.
+        vae_opts = {k: v for k, v in opts.items() if k not in DIT_ONLY_OPTIONS}
+        if dump is not None:
+            vae_opts["dump_dir"] = str(dump / "vae")
+        state.decode = _install_decode(pipe, vae, vae_opts, state)
+    pipe.__dict__[_STATE_ATTR] = state
+    log.info("compile_pipeline: %s compiled (%s), vae=%s, cfg_parallel=%s", ", ".join(names) or "no transformer",
+             opts, vae, cfg_parallel)
+    return pipe
+
+
+def restore_pipeline(pipe):
+    """Undo `compile_pipeline` on `pipe` (a no-op if it was not compiled); returns `pipe`."""
+    state = compilation(pipe)
+    if state is None:
+        return pipe
+    for name, module in state.originals.items():
+        setattr(pipe, name, module)
+    pipe.__dict__.pop("encode_prompt", None)
+    if state.vae_before is not None:
+        from wancompile.vae import disable_full_t, enable_full_t
+
+        disable_full_t(pipe.vae)
+        was_on, t_chunk = state.vae_before
+        if was_on:
+            enable_full_t(pipe.vae, t_chunk)
+    del pipe.__dict__[_STATE_ATTR]
+    return pipe
+
+
+def _check_pipeline(pipe) -> None:
+    missing = [a for a in ("vae", "transformer", "encode_prompt") if not hasattr(pipe, a)]
+    if missing:
+        raise TypeError(f"compile_pipeline expects a diffusers WanPipeline (with vae, transformer, transformer_2), "
+                        f"got {type(pipe).__name__} without {', '.join(missing)}")
+    if all(getattr(pipe, n, None) is None for n in TRANSFORMERS) and getattr(pipe, "vae", None) is None:
+        raise ValueError("compile_pipeline: the pipeline has no transformer, transformer_2 or vae to compile")
+
+
+# --- the VAE decode ----------------------------------------------------------------------------------
+
+
+def _install_decode(pipe, mode: Union[str, int], vae_opts: dict, state: PipelineCompilation):
+    from wancompile.vae import enable_full_t
+
+    vae = pipe.vae
+    enable_full_t(vae, mode if isinstance(mode, int) else None)
+    compiled = torch.compile(vae.decode, backend="wan_autoshard", options=vae_opts)
+    decode = _BudgetedDecode(vae, compiled, vae_opts, state) if mode == "auto" else compiled
+    vae.decode = decode  # what the pipeline calls: `self.vae.decode(latents, return_dict=False)`
+    return decode
+
+
+class _BudgetedDecode:
+    """``vae="auto"``: per latent shape, full-T when the clip's decode fits the per-device budget, else the
+    chunk size `choose_t_chunk` picks (then the compiled decode recompiles for that chunking).
+
+    The budget is ``memory_gb`` (or the hardware profile's DRAM) less the transformers' weights per device
+    as their plans place them (they stay resident while the VAE decodes). The activation estimate takes
+    the whole latent (no spatial split assumed), so it errs towards smaller chunks."""
+
+    def __init__(self, vae, compiled, vae_opts: dict, state: PipelineCompilation) -> None:
+        self.vae, self.compiled, self.opts, self.state = vae, compiled, vae_opts, state
+        self.t_chunks: dict[tuple, Optional[int]] = {}  # latent shape -> t_chunk chosen
+
+    def budget_bytes(self) -> int:
+        from planner.hardware import get_profile
+        from wancompile.options import Options
+
+        opts = Options.from_user(self.opts)
+        if opts.memory_gb is not None:
+            budget = opts.memory_gb * 1e9
+        else:
+            from wancompile.backend import default_hardware
+
+            mesh = opts.mesh
+            if opts.hardware is None and mesh is None:
+                from planner.mesh import MeshSpec
+                from wancompile import runtime
+
+                mesh = MeshSpec((1, runtime.device_count()), ("batch", "model"))
+            budget = float(get_profile(opts.hardware or default_hardware(mesh)).dram_bytes)
+        return int(budget - resident_weight_bytes(self.state.programs()))
+
+    def __call__(self, z: torch.Tensor, return_dict: bool = True):
+        from wancompile.vae import choose_t_chunk
+        from wancompile.vae.decode import _T_CHUNK_ATTR
+
+        key = (tuple(z.shape), z.dtype)
+        if key not in self.t_chunks:
+            self.t_chunks[key] = choose_t_chunk(self.vae.config, tuple(z.shape), self.budget_bytes(),
+                                                element_bytes=z.element_size())
+            log.info("compile_pipeline: VAE decode of latents %s: %s", tuple(z.shape),
+                     "full-T" if self.t_chunks[key] is None else f"chunked-T, {self.t_chunks[key]} frames per chunk")
+        if self.vae.__dict__[_T_CHUNK_ATTR] != self.t_chunks[key]:
+            setattr(self.vae, _T_CHUNK_ATTR, self.t_chunks[key])
+        return self.compiled(z, return_dict=return_dict)
+
+
+def resident_weight_bytes(programs) -> int:
+    """Bytes per device of the weights of the newest DiT program's plan, times the weight sets it budgeted."""
+    if not programs:
+        return 0
+    import math
+
+    program = programs[-1]
+    plan = program.plan
+    size = dict(zip(plan.mesh.axis_names, plan.mesh.shape))
+    total = 0
+    for node in program.graph.params():
+        spec = plan.params.get(node.param) or (None,) * len(node.out.shape)
+        numel = 1
+        for dim, entry in zip(node.out.shape, spec):
+            axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+            numel *= math.ceil(int(dim) / math.prod(size[a] for a in axes))
+        total += numel * node.out.itemsize
+    return total * (plan.weight_sets or 1)
+
+
+# --- classifier-free guidance as one batch-2 forward -------------------------------------------------
+
+
+class _CFGState:
+    """The uncond prompt embeddings of the pipeline call in progress, shared by its transformers."""
+
+    def __init__(self) -> None:
+        self.negative: Optional[torch.Tensor] = None
+        self.batched = 0      # batch-2 forwards run
+        self.served = 0       # uncond calls answered from a batch-2 forward
+        self.fallthrough = 0  # calls that ran as plain forwards
+
+
+def _capture_negative_prompt(pipe, cfg: _CFGState) -> None:
+    """Wrap the instance's `encode_prompt` to keep the negative embeddings it returns for this call."""
+    encode = type(pipe).encode_prompt.__get__(pipe)
+
+    def encode_prompt(*args: Any, **kwargs: Any):
+        prompt_embeds, negative = encode(*args, **kwargs)
+        cfg.negative = negative if kwargs.get("do_classifier_free_guidance", True) else None
+        return prompt_embeds, negative
+
+    pipe.__dict__["encode_prompt"] = encode_prompt
+
+
+def _same(a: Any, b: torch.Tensor, version: int) -> bool:
+    """`a` is `b` as it was when its version was `version` (the same tensor, or equal values)."""
+    if not isinstance(a, torch.Tensor) or b._version != version:
+        return False
+    if a is b:
+        return True
+    if a.shape != b.shape or a.dtype != b.dtype or a.device != b.device:
+        return False
+    return bool(torch.equal(a, b))
+
+
+class CFGBatched(torch.nn.Module):
+    """A transformer that runs diffusers' cond + uncond forwards of one denoising step as one batch-2 forward.
+
+    In ``cache_context("cond")`` a call with the pipeline's latents ``x``, timestep ``t`` and prompt
+    embeddings ``c`` runs ``inner(cat[x, x], cat[t, t], cat[c, n])`` with ``n`` the uncond embeddings
+    captured from this pipeline call's `encode_prompt`, returns the first half and keeps the second. The
+    next call, in ``cache_context("uncond")``, gets the kept half if its inputs are that ``x``, ``t`` and
+    ``n`` (the same tensors, or equal ones); any other call runs ``inner`` as it is. Attributes the
+    pipeline reads (``config``, ``dtype``, ``device``, ...) come from the wrapped transformer.
+    """
+
+    def __init__(self, inner: torch.nn.Module, original: torch.nn.Module, cfg: _CFGState) -> None:
+        super().__init__()
+        self.inner = inner
+        object.__setattr__(self, "_original", original)
+        object.__setattr__(self, "_cfg", cfg)
+        object.__setattr__(self, "_context", None)
+        object.__setattr__(self, "_pending", None)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_original"], name)
+
+    def cache_context(self, name: str, **kwargs: Any):
+        """diffusers' `CacheMixin.cache_context` of the wrapped transformer, also telling the wrapper which
+        call of the guidance pair comes next."""
+        from contextlib import contextmanager
+
+        @contextmanager
+        def context():
+            object.__setattr__(self, "_context", name)
+            try:
+                with self._original.cache_context(name, **kwargs):
+                    yield
+            finally:
+                object.__setattr__(self, "_context", None)
+
+        return context()
+
+    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
+                *args: Any, return_dict: bool = True, attention_kwargs: Optional[dict] = None, **kwargs: Any):
+        cfg, context, pending = self._cfg, self._context, self._pending
+        object.__setattr__(self, "_pending", None)
+        if context == "uncond" and pending is not None and not args and not kwargs:
+            (x, xv), (t, tv), (n, nv), attn, half = pending
+            if (attn is attention_kwargs and _same(hidden_states, x, xv) and _same(timestep, t, tv)
+                    and _same(encoder_hidden_states, n, nv)):
+                cfg.served += 1
+                return _output(half, return_dict)
+        negative = cfg.negative
+        if (context == "cond" and negative is not None and not args and not kwargs
+                and negative.shape == encoder_hidden_states.shape):
+            n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
+            out = self.inner(hidden_states=torch.cat([hidden_states, hidden_states]), timestep=torch.cat([timestep, timestep]),
+                             encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
+                             attention_kwargs=attention_kwargs, return_dict=False)[0]
+            cond, uncond = out.chunk(2)
+            pending = tuple((v, v._version) for v in (hidden_states, timestep, n)) + (attention_kwargs, uncond)
+            object.__setattr__(self, "_pending", pending)
+            cfg.batched += 1
+            return _output(cond, return_dict)
+        cfg.fallthrough += 1
+        return self.inner(hidden_states, timestep, encoder_hidden_states, *args, return_dict=return_dict,
+                          attention_kwargs=attention_kwargs, **kwargs)
+
+
+def _output(sample: torch.Tensor, return_dict: bool):
+    if not return_dict:
+        return (sample,)
+    from diffusers.models.modeling_outputs import Transformer2DModelOutput
+
+    return Transformer2DModelOutput(sample=sample)
