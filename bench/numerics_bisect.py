@@ -331,7 +331,7 @@ def local_op_errors(ts=500):
             if n.op in ("placeholder", "output"):
                 continue
             args, kwargs = _fetch(env, n.args), _fetch(env, n.kwargs)
-            to_x = lambda v: v.to(dev) if isinstance(v, torch.Tensor) else v
+            to_x = lambda v: v.to(dev) if isinstance(v, torch.Tensor) else v  # noqa: E731
             xargs = pytree.tree_map(to_x, args)
             xkwargs = dict(pytree.tree_map(to_x, dict(kwargs)))
             if "device" in n.kwargs:
@@ -543,8 +543,9 @@ def main():
     print("   probes: " + ", ".join(f"{k}={v:.1e}" for k, v in b["probes"].items()))
     print(f"\n[{time.time() - t0:.0f} s]")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(res, f, indent=1, default=str)
+        from planner.files import write_text
+
+        write_text(args.json, json.dumps(res, indent=1, default=str))
 
 
 if __name__ == "__main__":

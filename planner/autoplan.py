@@ -23,18 +23,29 @@ from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph
-from planner.hardware import HardwareProfile, get_profile
-from planner.ilp import Edge, Group, Infeasible, Option, solve
+from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
+from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
-from planner.plan import ActivationConstraint, BudgetError, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
+from planner.plan import (
+    ActivationConstraint,
+    Collective,
+    Decision,
+    MemoryBudgetError,
+    Plan,
+    PlanError,
+    Predicted,
+    SolverInfo,
+    SolverTimeout,
+    model_geometry,
+)
 from planner.propagate import Evaluation, evaluate, redistribute
 from planner.strategies import Macro, Strategy, Structure, find_structure, strategies
 
 KIB = 1024
 
 
-def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
+def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, *,
                memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
                values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
                sequence_parallel: bool = True, only: Optional[Mapping[str, str]] = None,
@@ -44,7 +55,8 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
     Args:
         graph: the captured graph (`wancompile.capture`); one or two blocks suffice.
         mesh: the logical mesh (axes of size 1 are ignored).
-        hardware: a profile name (`planner.hardware.PROFILES`) or profile.
+        hardware: a profile name (`planner.hardware.PROFILES`) or profile; None: the system with
+            this mesh shape (`planner.hardware.default_hardware`).
         memory_gb: per-device budget (default: the profile's DRAM).
         num_blocks: how many identical blocks the model has (default: as captured). Block decisions
             are shared; parameters and constraints are written for all of them by name.
@@ -60,32 +72,86 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
             batch-split model inputs, keeps the split on dim 0 (the op rules decide, no name lists).
 
     Raises:
-        PlanError: no plan fits the memory budget (names the smallest budget that fits).
+        MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
+            minimise-memory solve), ``meshes`` the larger system meshes that would plan within it.
+        SolverTimeout: the solver hit ``time_limit_s`` before finding any plan.
     """
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
-    st = find_structure(graph)
-    n_blocks = num_blocks or st.captured_blocks
-    vals = dict(values or {})
-    ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals, tuple(batch_axes))
-    ctx.sequence_parallel = sequence_parallel
-    ctx.only = dict(only or {})
-    groups, edges, tables, excluded = ctx.build()
+    hw = _profile(hardware, mesh)
+    if weight_copies < 1:
+        raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
+    ctx, groups, edges, tables, excluded = _build(graph, mesh, hw, num_blocks, weight_copies, values,
+                                                 sequence_parallel, only, tuple(batch_axes))
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
     memory_kib = int((budget - fixed) // KIB)
     hint = ctx.hint(groups, tables)
     try:
         res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
+    except TimedOut as e:
+        raise SolverTimeout(
+            f"the solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status {e.status}) on mesh "
+            f"{mesh} for {graph.model or 'this model'}; raise the time limit (time_limit_s=, `wancompile plan --time-limit`)",
+            time_limit_s=time_limit_s) from None
     except Infeasible:
-        need = ctx.min_memory(groups) + fixed
-        raise BudgetError(
+        need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
+        need_gb = budget_gb(need_kib, fixed)
+        meshes = _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only)
+        advice = (", or use a larger mesh: " + "; ".join(f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes)
+                  if meshes else "; no larger system mesh (" + ", ".join(str(m) for m in _system_meshes(mesh)) + ") fits it either"
+                  if _system_meshes(mesh) else "")
+        raise MemoryBudgetError(
             f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
-            f" x{weight_copies} weight set(s): the smallest plan needs {need / 1e9:.6g} GB per device. Raise memory_gb to at least "
-            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices.",
-            budget_bytes=budget, need_bytes=need) from None
+            f" x{weight_copies} weight set(s): the smallest plan on this mesh needs {need_gb:.6g} GB per device. "
+            f"Raise memory_gb to at least {need_gb:.6g}" + advice,
+            budget_gb=budget / 1e9, need_gb=need_gb, meshes=tuple(str(m) for m, _ in meshes)) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)
     return ctx.assemble(chosen, res, decisions, model or graph.model)
+
+
+def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
+    if isinstance(hardware, HardwareProfile):
+        return hardware
+    try:
+        return get_profile(hardware or default_hardware(mesh))
+    except ValueError as e:
+        raise PlanError(str(e)) from None
+
+
+def _build(graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=()):
+    st = find_structure(graph)
+    ctx = _Ctx(graph, mesh, hw, st, num_blocks or st.captured_blocks, weight_copies, dict(values or {}), batch_axes)
+    ctx.sequence_parallel = sequence_parallel
+    ctx.only = dict(only or {})
+    groups, edges, tables, excluded = ctx.build()
+    return ctx, groups, edges, tables, excluded
+
+
+def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
+    """Native meshes of the hardware profiles with more devices than `mesh` (smallest first), named
+    like `mesh` when it is 2-D: the meshes that exist to suggest."""
+    shapes = sorted({p.mesh_shape for p in PROFILES.values() if math.prod(p.mesh_shape) > mesh.size},
+                    key=lambda s: (math.prod(s), s))
+    names = mesh.axis_names if len(mesh.shape) == 2 else None
+    return [MeshSpec(tuple(s), tuple(names) if names else ("batch", "model")) for s in shapes]
+
+
+def _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only):
+    """(mesh, smallest budget that plans there) for the system meshes larger than `mesh` whose
+    smallest plan fits `budget`; at most the two smallest."""
+    out = []
+    for m in _system_meshes(mesh):
+        try:
+            ctx, groups, *_ = _build(graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only)
+            fixed = ctx.fixed_param_bytes()
+            need = budget_gb(min_memory_kib(groups)[0], fixed)
+        except (PlanError, Infeasible):
+            continue
+        if need * 1e9 <= budget:
+            out.append((m, need))
+        if len(out) == 2:
+            break
+    return out
 
 
 class _Ctx:
@@ -234,8 +300,9 @@ class _Ctx:
                     if s.sigma not in ends:
                         ends[s.sigma] = self.ends(s.sigma)
                     once = to_ns(ends[s.sigma].seconds)
-                options.append(Option(s.name, s.sigma, to_ns(ev.seconds), once, int(self.param_bytes(m, s) // KIB),
-                                      int(ev.peak_bytes * 3 // KIB)))
+                # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
+                options.append(Option(s.name, s.sigma, to_ns(ev.seconds), once, math.ceil(self.param_bytes(m, s) / KIB),
+                                      math.ceil(ev.peak_bytes * 3 / KIB)))
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
         self.ends_evals = ends
@@ -282,12 +349,6 @@ class _Ctx:
                     out[g.name] = i
                     break
         return out
-
-    def min_memory(self, groups) -> float:
-        return sum(min(o.param_kib for o in g.options) for g in groups) * KIB + max(min(o.act_kib for o in g.options) for g in groups) * KIB
-
-    def min_devices(self, need: float, budget: float) -> int:
-        return self.mesh.size * max(1, 2 ** math.ceil(math.log2(max(need / budget, 1.0))))
 
     def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> list[Decision]:
         """One Decision per group. ``cost`` and ``rejected_cost`` are both whole-plan objectives
@@ -409,7 +470,8 @@ class _Ctx:
                     collectives=collectives,
                     predicted=Predicted(compute + comm, compute, comm, int(memory)),
                     solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
-                    decisions=tuple(decisions), notes=tuple(notes), weight_sets=self.copies)
+                    decisions=tuple(decisions), notes=tuple(notes), weight_sets=self.copies,
+                    geometry=model_geometry(self.g))
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 

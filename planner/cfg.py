@@ -41,7 +41,7 @@ from typing import Any, Optional, Union
 from planner.graph import Graph
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import MeshSpec
-from planner.plan import BudgetError, CfgOption, CfgParallel, Decision, Plan, PlanError
+from planner.plan import CfgOption, CfgParallel, Decision, MemoryBudgetError, Plan, PlanError
 from planner.strategies import find_structure
 
 CFG_AXIS = "cfg"
@@ -164,7 +164,7 @@ def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -
     try:
         plan = make()
     except PlanError as e:
-        need = e.need_bytes if isinstance(e, BudgetError) else None
+        need = int(e.need_gb * 1e9) if isinstance(e, MemoryBudgetError) else None
         return CfgOption(name, mesh, axis, reason=str(e), memory_needed_bytes=need)
     plans[name] = plan
     p = plan.predicted

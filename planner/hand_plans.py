@@ -25,7 +25,7 @@ from typing import Optional
 
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec, PartitionSpec
-from planner.plan import ActivationConstraint, Collective, Plan, PlanError, SolverInfo
+from planner.plan import ActivationConstraint, Collective, Plan, PlanError, SolverInfo, model_geometry
 from planner.strategies import StructureError, block_stack_entry
 
 _COL = ("to_q", "to_k", "to_v", "add_k_proj", "add_v_proj", "net.0.proj", "linear_1")
@@ -89,6 +89,13 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
             entry = block_stack_entry(graph)
         except StructureError as e:
             raise PlanError(str(e)) from None
+        tokens, nsp = entry.out.shape[1], mesh.axis_size(sp)
+        if isinstance(tokens, int) and tokens % nsp:
+            raise PlanError(
+                f"the tt-xla plan splits the sequence of {tokens} tokens (latent frames x height/2 x width/2) over the "
+                f"'{sp}' axis of size {nsp}, which does not divide {tokens}; add the sp_pad rewrite "
+                f"(rewrites=['sp_pad']: pads the tokens to a multiple of {nsp} and masks the padding), or use a mesh "
+                f"whose '{sp}' axis divides {tokens}, or a resolution / frame count whose token count {nsp} divides")
         acts.append(ActivationConstraint(entry.location, (None, sp, None), entry.out.shape, reason="SP: tokens sharded at the block-stack entry"))
         if entry.op == "pad":  # sp_pad: split after the padding, not before it (see planner.autoplan)
             src = graph[entry.inputs[0]]
@@ -114,6 +121,7 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
         params=params,
         activations=tuple(acts),
         solver=SolverInfo(status="hand-written"),
+        geometry=model_geometry(graph),
         notes=("tt-xla hand plan (seed 000): TP on heads as Megatron pairs, SP on tokens" + ("" if kv_gather else ", no K/V constraint"),),
     )
     return plan.with_(collectives=tuple(predicted_block_bill(graph, plan)))

@@ -1,6 +1,6 @@
 """Hardware profiles as data: every figure carries its source (and whether it is inferred).
 
-Sources are the keys of ``shared/reference/hardware-figures.md`` (A–T), which gives the full
+Sources are the keys of ``docs/hardware-figures.md`` (A–T), which gives the full
 citations; the important ones:
 
 - A/B: Tenstorrent Wormhole / Blackhole spec pages (docs.tenstorrent.com);
@@ -176,6 +176,18 @@ PROFILES: dict[str, HardwareProfile] = {p.name: p for p in [
                     Figure(918e12, "P"), Figure(1638 * GB, "P"), Figure(32 * GB, "P"),
                     Figure(2 * US, "Q (~1 µs/hop; XLA fuses, 2 µs per op assumed)", True)),
 ]}
+
+
+# The one default-hardware rule, used by every entry point (backend, `wancompile plan`, plan_graph,
+# plan_vae): the Tenstorrent system whose native mesh has this shape, else FALLBACK_HARDWARE.
+DEFAULT_FOR_MESH = {(1, 2): "wh-n300", (2, 2): "bh-quietbox", (2, 4): "wh-loudbox", (8, 4): "wh-galaxy", (4, 8): "wh-galaxy"}
+FALLBACK_HARDWARE = "wh-loudbox"
+
+
+def default_hardware(mesh) -> str:
+    """Profile name for a mesh (a `MeshSpec` or a shape) when none is given."""
+    shape = tuple(getattr(mesh, "shape", mesh))
+    return DEFAULT_FOR_MESH.get(shape, FALLBACK_HARDWARE)
 
 
 def get_profile(name: str) -> HardwareProfile:

@@ -34,6 +34,7 @@ half for a split); ties go to ``off``. Forcing (``on``/``off``) restricts the ar
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Hashable, Mapping, Optional, Sequence
@@ -82,7 +83,18 @@ class SolveResult:
 
 
 class Infeasible(RuntimeError):
-    pass
+    """The solver proved that no choice satisfies the constraints (CP-SAT status INFEASIBLE)."""
+
+    def __init__(self, status: str, time_limit_s: Optional[float] = None) -> None:
+        super().__init__(status)
+        self.status = status
+        self.time_limit_s = time_limit_s
+
+
+class TimedOut(Infeasible):
+    """The solver stopped (time limit) before finding any choice: nothing is proven either way.
+    A subclass of `Infeasible` so that callers that only care "no plan" still catch it; callers
+    that report to a user catch it first and name the time limit to raise."""
 
 
 def solve(groups: Sequence[Group], edges: Sequence[Edge], *, memory_kib: Optional[int] = None,
@@ -122,11 +134,49 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge], *, memory_kib: Optiona
     seconds = time.perf_counter() - t0
     name = solver.StatusName(status)
     proto = model.Proto()
+    if status == cp_model.INFEASIBLE:
+        raise Infeasible(name, time_limit_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        raise Infeasible(name)
+        raise TimedOut(name, time_limit_s)  # UNKNOWN: the limit ran out first (MODEL_INVALID would be our bug)
     choice = {g.name: next(i for i, v in enumerate(x[g.name]) if solver.Value(v)) for g in groups}
     return SolveResult(choice, name, int(solver.ObjectiveValue()), int(solver.BestObjectiveBound()), seconds,
                        len(proto.variables), len(proto.constraints))
+
+
+def min_memory_kib(groups: Sequence[Group], *, time_limit_s: float = 5.0) -> tuple[int, bool]:
+    """The smallest ``memory_kib`` for which `solve` finds a plan: constraints (a) and (d) with the
+    memory sum itself minimised (time ignored). Returns (KiB, proven optimal). The value is exactly
+    the left side of (d) for the returned choice, so ``solve(..., memory_kib=value)`` is feasible
+    (not a sum of per-group minima, which no single plan need reach: the activation peak and the
+    parameters of different groups cannot all be at their minimum at once)."""
+    model = cp_model.CpModel()
+    x = {g.name: [model.NewBoolVar(f"x[{g.name},{o.name}]") for o in g.options] for g in groups}
+    add_choice_constraints(model, groups, x)
+    peak = max((o.act_kib for g in groups for o in g.options), default=0)
+    act = model.NewIntVar(0, max(peak, 0), "act")
+    for g in groups:
+        model.Add(act >= sum(o.act_kib * v for v, o in zip(x[g.name], g.options)))
+    model.Minimize(sum(o.param_kib * v for g in groups for v, o in zip(x[g.name], g.options)) + act)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(time_limit_s, 1.0)
+    solver.parameters.num_workers = 1
+    status = solver.Solve(model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise TimedOut(solver.StatusName(status), time_limit_s)
+    return int(round(solver.ObjectiveValue())), status == cp_model.OPTIMAL
+
+
+def budget_gb(need_kib: int, fixed_bytes: float) -> float:
+    """The smallest 6-significant-digit budget in GB that gives the solver `need_kib` KiB after
+    the `fixed_bytes` every plan holds (the rounding of a printed number must not fall below it)."""
+    exact = (need_kib * 1024 + fixed_bytes) / 1e9
+    if exact <= 0:
+        return float(f"{1e-9:.6g}")
+    step = 10.0 ** (math.floor(math.log10(exact)) - 5)
+    gb = float(f"{math.ceil(exact / step) * step:.6g}")
+    while int((gb * 1e9 - fixed_bytes) // 1024) < need_kib:
+        gb = float(f"{gb + step:.6g}")
+    return gb
 
 
 def add_choice_constraints(model: cp_model.CpModel, groups: Sequence[Group], x) -> None:

@@ -17,7 +17,8 @@ from typing import Sequence, Union
 AxisEntry = Union[None, str, tuple[str, ...]]
 PartitionSpec = tuple[AxisEntry, ...]
 
-DEFAULT_AXIS_NAMES = {1: ("model",), 2: ("batch", "model"), 3: ("data", "batch", "model")}
+# Only 1-D and 2-D meshes have default names (tt-xla's); a 3-D mesh must be named (no invented axes).
+DEFAULT_AXIS_NAMES = {1: ("model",), 2: ("batch", "model")}
 
 
 class MeshError(ValueError):
@@ -105,7 +106,9 @@ def parse_mesh(mesh: Union[str, Sequence[int], MeshSpec], axis_names: Sequence[s
         raise MeshError(f"mesh {mesh!r}: every axis size must be a positive integer")
     if axis_names is None:
         if len(shape) not in DEFAULT_AXIS_NAMES:
-            raise MeshError(f"mesh {mesh!r} has {len(shape)} axes; pass axis_names for it")
+            raise MeshError(f"mesh {mesh!r} has {len(shape)} axes, and only 1-D and 2-D meshes have default axis names; "
+                            f"name its axes (axis_names, e.g. {('data', 'batch', 'model')[-len(shape):] if len(shape) <= 3 else '...'}) "
+                            "or use a 2-D mesh such as '8x4'")
         axis_names = DEFAULT_AXIS_NAMES[len(shape)]
     return MeshSpec(shape, tuple(axis_names))
 

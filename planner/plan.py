@@ -17,6 +17,7 @@ understand with a message that says what is wrong.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -32,13 +33,23 @@ class PlanError(ValueError):
     """A plan that cannot be applied to this model or mesh; the message names the fix."""
 
 
-class BudgetError(PlanError):
-    """No plan fits the per-device memory budget: the budget and a lower bound on what the smallest plan
-    needs (cheapest weights of every macro + the largest of their smallest activation sets), in bytes."""
+class MemoryBudgetError(PlanError):
+    """No plan fits the per-device memory budget. ``need_gb`` is a budget the planner then accepts
+    on this mesh (found by solving, not estimated); ``meshes`` names larger system meshes that
+    plan within the given budget (may be empty)."""
 
-    def __init__(self, message: str, *, budget_bytes: float, need_bytes: float) -> None:
+    def __init__(self, message: str, *, budget_gb: float, need_gb: float, meshes: tuple[str, ...] = ()) -> None:
         super().__init__(message)
-        self.budget_bytes, self.need_bytes = int(budget_bytes), int(need_bytes)
+        self.budget_gb, self.need_gb, self.meshes = budget_gb, need_gb, meshes
+
+
+class SolverTimeout(PlanError):
+    """The solver stopped at its time limit before finding any plan; nothing says none exists.
+    Raise ``time_limit_s`` (``wancompile plan --time-limit``)."""
+
+    def __init__(self, message: str, *, time_limit_s: float) -> None:
+        super().__init__(message)
+        self.time_limit_s = time_limit_s
 
 
 @dataclass(frozen=True)
@@ -225,15 +236,26 @@ class Plan:
     def user_mesh(self) -> MeshSpec:
         """The mesh the plan was asked for: ``mesh`` itself, or the unsplit mesh of a CFG-split plan."""
         return self.cfg_parallel.base_mesh if self.cfg_parallel is not None else self.mesh
+    # The DiT geometry the plan was made for (`model_geometry`): heads, head_dim, tokens (an int, or the
+    # symbolic expression whose divisibility `guards` state). Checked by `check`; {} for other graphs.
+    geometry: Mapping[str, Any] = field(default_factory=dict, hash=False)
 
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
 
     # --- checking against a captured model ------------------------------------------------------
 
+    @property
+    def layers(self) -> int:
+        """Blocks the plan's parameter names cover (``blocks.N.``), 0 for a graph without blocks."""
+        idx = {int(m.group(1)) for p in self.params for m in [_BLOCK.match(p)] if m}
+        return max(idx) + 1 if idx else 0
+
     def check(self, graph: Graph) -> None:
-        """Raise PlanError unless this plan names exactly the graph's parameters, every spec
-        divides its tensor on this mesh, and every activation location exists."""
+        """Raise PlanError unless the graph has the geometry the plan was made for, the plan names
+        exactly the graph's parameters, every spec divides its tensor on this mesh, and every
+        activation location exists."""
+        self._check_geometry(graph)
         shapes = {n.param: n.out.shape for n in graph.params()}
         unknown = sorted(set(self.params) - set(shapes))
         missing = sorted(set(shapes) - set(self.params))
@@ -243,6 +265,9 @@ class Plan:
                 parts.append(f"{len(unknown)} parameter(s) the model does not have (e.g. {', '.join(unknown[:3])})")
             if missing:
                 parts.append(f"no spec for {len(missing)} of the model's parameter(s) (e.g. {', '.join(missing[:3])})")
+            blocks = len(graph.blocks())
+            if self.layers and blocks and self.layers != blocks:
+                parts.append(f"it covers {self.layers} layers, this model has {blocks}")
             raise PlanError(
                 f"plan for model {self.model!r} does not fit this model ({graph.model or 'captured graph'}): "
                 + "; ".join(parts)
@@ -267,6 +292,24 @@ class Plan:
                 check_spec(c.spec, node.outputs[c.output].shape, self.mesh, f"plan activation {c.location}")
             except MeshError as e:
                 raise PlanError(str(e)) from None
+
+    def _check_geometry(self, graph: Graph) -> None:
+        here = model_geometry(graph)
+        if not self.geometry or not here:
+            return
+        wrong = []
+        for key, unit in (("heads", "attention heads"), ("head_dim", "head dim"), ("tokens", "tokens")):
+            a, b = self.geometry.get(key), here.get(key)
+            if a is None or b is None or not isinstance(a, int) or not isinstance(b, int):
+                continue  # a symbolic token count: its guards decide (planner.guards)
+            if a != b:
+                wrong.append(f"{unit} {a} (this model: {b})")
+        if wrong:
+            hint = (" — another resolution or frame count: save one plan per resolution, or compile with dynamic=True"
+                    if len(wrong) == 1 and wrong[0].startswith("tokens") else "")
+            raise PlanError(
+                f"plan for model {self.model!r} was made for " + ", ".join(wrong) + hint
+                + ". Re-plan for this model (drop the `plan` option) or pass the plan made for it.")
 
     # --- summaries -------------------------------------------------------------------------------
 
@@ -307,6 +350,7 @@ class Plan:
             "guards": [{"expr": g.expr, "divisor": g.divisor, "what": g.what} for g in self.guards],
             "weight_sets": self.weight_sets,
             **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {}),
+            **({"geometry": {**self.geometry, "layers": self.layers}} if self.geometry else {}),
         }
 
     @classmethod
@@ -339,6 +383,7 @@ class Plan:
                 weight_sets=_weight_sets_from_json(data.get("weight_sets")),
                 cfg_parallel=(CfgParallel.from_json(data["cfg_parallel"])
                               if data.get("cfg_parallel") is not None else None),
+                geometry={k: v for k, v in dict(data.get("geometry", {})).items() if k != "layers"},
             )
         except PlanError:
             raise
@@ -354,6 +399,19 @@ def _weight_sets_from_json(value: Any) -> Optional[int]:
     return value
 
 
+_BLOCK = re.compile(r"^blocks\.(\d+)\.")
+
+
+def model_geometry(graph: Graph) -> dict[str, Any]:
+    """Heads, head dim and token count of a Wan DiT graph, read from block 0's self-attention
+    (SDPA output ``(B, heads, tokens, head_dim)``); {} for a graph without one (the VAE)."""
+    sdpa = next((n for n in graph if n.block == 0 and n.op == "scaled_dot_product_attention"), None)
+    if sdpa is None or len(sdpa.out.shape) != 4:
+        return {}
+    _, heads, tokens, head_dim = sdpa.out.shape
+    return {"heads": int(heads), "head_dim": int(head_dim), "tokens": tokens if isinstance(tokens, int) else str(tokens)}
+
+
 def _spec_json(spec: PartitionSpec) -> list:
     return [list(e) if isinstance(e, tuple) else e for e in spec]
 
@@ -365,10 +423,9 @@ def _spec_from_json(value: Any) -> PartitionSpec:
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-    return path
+    from planner.files import write_text
+
+    return write_text(path, json.dumps(plan.to_json(), indent=1) + "\n")
 
 
 def load_plan(path: str | Path) -> Plan:

@@ -222,18 +222,34 @@ def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int 
                 why.append(f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
                            f"{macro.width} {unit} do not divide into {ntp}")
                 continue
-            for fsdp in ((False, True) if sigma else (False,)):
-                out.append(_make(graph, macro, mesh, sigma, tp, False, fsdp, guards))
+            candidates = [_make(graph, macro, mesh, sigma, tp, False, fsdp, guards) for fsdp in ((False, True) if sigma else (False,))]
             if macro.kind == "attention" and macro.self_attention and sigma:
                 if macro.width % (ntp * nsp):
                     why.append(f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp}): {macro.width} heads do not divide")
                 else:
-                    out.append(_make(graph, macro, mesh, sigma, tp, True, False, guards))
+                    candidates.append(_make(graph, macro, mesh, sigma, tp, True, False, guards))
+            for s in candidates:
+                bad = undivided(graph, mesh, s, values)
+                if bad:
+                    why.append(f"{s.name}: {bad}")
+                else:
+                    out.append(s)
     return out, why
 
 
-def _role(node: Node) -> str:
-    return node.module.rsplit(".", 1)[-1] if not node.module.endswith(".0") else node.module.rsplit(".", 2)[-2]
+def undivided(graph: Graph, mesh: MeshSpec, s: Strategy, values: Optional[dict] = None) -> Optional[str]:
+    """Why `s` splits some tensor unevenly (a parameter it shards or an activation it pins), or None.
+    Checked before the solve, so the solver only ever sees options the plan checker accepts (e.g.
+    FSDP over batch+model splits a 200-row weight 32 ways: excluded here, not refused after)."""
+    for name, lay in list(s.params.items()) + list(s.forced.items()):
+        node = graph[name]
+        what = f"parameter {node.param}" if node.is_param else f"activation {node.location}"
+        for d, (size, axes) in enumerate(zip(node.out.shape, lay.dims)):
+            n = shard_count(mesh, axes)
+            fit = divides(n, size)
+            if fit is False or (isinstance(fit, Guard) and values and not fit.holds(values)):
+                return f"{what} dim {d} of size {size} does not split {n} ways over {'+'.join(axes)}"
+    return None
 
 
 def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, fsdp: bool, guards) -> Strategy:

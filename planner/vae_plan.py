@@ -33,6 +33,7 @@ cost multiplied by their count); edges carry the stream layout between consecuti
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
@@ -40,11 +41,21 @@ from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph, Node, TensorMeta
-from planner.hardware import HardwareProfile, get_profile
-from planner.ilp import Edge, Group, Infeasible, Option, solve
+from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, local_shape, numel, shard_count
-from planner.plan import ActivationConstraint, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
+from planner.plan import (
+    ActivationConstraint,
+    Collective,
+    Decision,
+    MemoryBudgetError,
+    Plan,
+    PlanError,
+    Predicted,
+    SolverInfo,
+    SolverTimeout,
+)
 from planner.propagate import Evaluation, evaluate, redistribute
 
 KIB = 1024
@@ -290,7 +301,7 @@ PRESETS = {
     "auto": {},
     "spatial": {"resblock": r"^spatial", "head": r"^spatial", "tail": r"^spatial", "upsample": r"^spatial",
                 "shortcut": r"^spatial", "attention": r"^(gather|frames)"},
-    # the seed's hand plan (shared/seeds/001): Megatron col->row on every residual block over the
+    # the seed's hand plan (seed 001, docs/seeds.md): Megatron col->row on every residual block over the
     # whole mesh, everything else replicated
     "channel-megatron": {"resblock": r"^channel\(ALL\)$", "*": r"^replicated$"},
     "replicated": {"*": r"^replicated$"},
@@ -347,7 +358,7 @@ def _matches(only: Mapping[str, str], m: Macro, name: str, mesh: MeshSpec) -> bo
     return re.search(pattern.replace("ALL", re.escape(axes)), name) is not None
 
 
-def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
+def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, *,
              memory_gb: Optional[float] = None, values: Optional[Mapping[str, int]] = None, time_limit_s: float = 10.0,
              model: str = "", only: Optional[Mapping[str, str]] = None, preset: str = "auto") -> Plan:
     """Plan a captured Wan VAE decode graph.
@@ -367,7 +378,7 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
     """
     if preset not in PRESETS:
         raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or default_hardware(mesh))
     restricts = [PRESETS[preset], dict(only or {})]
     ctx = _VaeCtx(graph, mesh, hw, dict(values or {}))
     groups: list[Group] = []
@@ -389,8 +400,8 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
         for s in kept:
             ev = ctx.evaluate(rep, s)
             evals[gname, s.name] = ev
-            options.append(Option(s.name, s.key, to_ns(ev.seconds), 0, int(ctx.param_bytes(rep, s) * len(members) // KIB),
-                                  int(ev.peak_bytes * 3 // KIB)))
+            options.append(Option(s.name, s.key, to_ns(ev.seconds), 0, math.ceil(ctx.param_bytes(rep, s) * len(members) / KIB),
+                                  math.ceil(ev.peak_bytes * 3 / KIB)))  # KiB rounded up: (d) never undercounts
         groups.append(Group(gname, tuple(options), len(members)))
         tables[gname], excluded[gname] = kept, why
     edges = _edges(ctx, tables)
@@ -399,10 +410,14 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh
     hint = {g.name: next((i for i, o in enumerate(g.options) if o.key[0] == "hw"), 0) for g in groups}
     try:
         res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
+    except TimedOut as e:
+        raise SolverTimeout(f"the VAE solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status "
+                            f"{e.status}) on mesh {mesh}; raise time_limit_s", time_limit_s=time_limit_s) from None
     except Infeasible:
-        need = sum(min(o.param_kib for o in g.options) for g in groups) * KIB + max(min(o.act_kib for o in g.options) for g in groups) * KIB
-        raise PlanError(f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest needs about "
-                        f"{need / 1e9:.6g} GB per device (raise memory_gb, use more devices, or decode chunked-T)") from None
+        need = budget_gb(min_memory_kib(groups, time_limit_s=time_limit_s)[0], 0.0)
+        raise MemoryBudgetError(f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest plan on this mesh "
+                                f"needs {need:.6g} GB per device (raise memory_gb to at least {need:.6g}, use more devices, or "
+                                "decode chunked-T with a smaller t_chunk)", budget_gb=budget / 1e9, need_gb=need) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = _decisions(groups, edges, res, memory_kib, excluded)
     return _assemble(ctx, chosen, res, decisions, model or graph.model, evals)
@@ -505,8 +520,3 @@ def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, mode
                 predicted=Predicted(compute + comm, compute, comm, memory),
                 solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
                 decisions=tuple(decisions), notes=tuple(notes), weight_sets=1)
-
-
-def strategy_of(plan: Plan) -> dict[str, str]:
-    """Decision node -> chosen strategy name (for printing)."""
-    return {d.node: d.strategy for d in plan.decisions}

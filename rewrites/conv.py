@@ -17,7 +17,7 @@ producing tokens (B, L, D)), and emits the token-major form directly::
        tokens = linear(patches, w.flatten(1), b)                                          # B L D
 
 so the (B, L, D) tensor the sequence-parallel shard applies to is a linear's output, not a reshape of
-a partitioned conv output (the partitioner bug of ``seeds/000``). The input's T, H and W must be
+a partitioned conv output (the partitioner bug of seed 000, ``docs/seeds.md``). The input's T, H and W must be
 static multiples of the kernel (a conv would drop the remainder).
 """
 
@@ -26,8 +26,23 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ._core import (CONV, Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish,
-                    module_path, note, only_user, replace, report, shape, static)
+from ._core import (
+    CONV,
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    calls_method,
+    finish,
+    module_path,
+    note,
+    only_user,
+    replace,
+    report,
+    shape,
+    static,
+)
 
 
 def conv1x1_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:

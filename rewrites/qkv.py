@@ -28,8 +28,25 @@ from collections import defaultdict
 import torch
 import torch.fx as fx
 
-from ._core import (LINEAR, Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish,
-                    linear_args, module_path, note, parent_stack, replace, report, shape, static, value)
+from ._core import (
+    LINEAR,
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    calls_method,
+    finish,
+    linear_args,
+    module_path,
+    note,
+    parent_stack,
+    replace,
+    report,
+    shape,
+    static,
+    value,
+)
 
 ROLES = ("to_q", "to_k", "to_v")
 

@@ -33,8 +33,22 @@ from dataclasses import dataclass
 import torch
 import torch.fx as fx
 
-from ._core import (Emitter, RewriteContext, RewriteReport, Skip, calls, calls_method, finish, module_path,
-                    note, only_user, replace, report, shape, value)
+from ._core import (
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    calls_method,
+    finish,
+    module_path,
+    note,
+    only_user,
+    replace,
+    report,
+    shape,
+    value,
+)
 
 NORMALIZE = (torch.nn.functional.normalize,)
 MUL = (operator.mul, torch.mul)

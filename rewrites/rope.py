@@ -26,8 +26,20 @@ import operator
 import torch
 import torch.fx as fx
 
-from ._core import (Emitter, RewriteContext, RewriteReport, Skip, calls, finish, module_path, note, replace,
-                    report, shape, value)
+from ._core import (
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    finish,
+    module_path,
+    note,
+    replace,
+    report,
+    shape,
+    value,
+)
 
 EVEN = (Ellipsis, slice(0, None, 2))
 ODD = (Ellipsis, slice(1, None, 2))

@@ -2,7 +2,7 @@
 
 When the token count L is not a multiple of ``context.sp_multiple`` (SP degree × tile), sharding L
 needs padding. Slicing K and V back to L in every self-attention keeps attention exact but costs two
-slices per block (``seeds/000``: 3.4 s/iteration at 480p on Galaxy). This pass instead::
+slices per block (seed 000, ``docs/seeds.md``: 3.4 s/iteration at 480p on Galaxy). This pass instead::
 
     # block-stack entry, once per token tensor (hidden states, rope tables, per-token timestep proj)
     x = F.pad(x, [0, 0, ..., 0, P])                     # L → L + P along dim 1
@@ -35,8 +35,20 @@ from typing import Any
 import torch
 import torch.fx as fx
 
-from ._core import (SDPA, Emitter, RewriteContext, RewriteReport, Skip, calls, evaluate, fake_mode_of, finish,
-                    module_path, report, value)
+from ._core import (
+    SDPA,
+    Emitter,
+    RewriteContext,
+    RewriteReport,
+    Skip,
+    calls,
+    evaluate,
+    fake_mode_of,
+    finish,
+    module_path,
+    report,
+    value,
+)
 
 BLOCK = re.compile(r"^blocks\.\d+(\.|$)")
 CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
@@ -193,7 +205,7 @@ class _Plan:
         for node in self.exits:
             cut = Emitter(self.graph, node, node, after=True).getitem(
                 node, (slice(None), slice(None, self.tokens)), name=f"{node.name}_unpadded")
-            node.replace_all_uses_with(cut, delete_user_cb=lambda user: user not in self.region and user is not cut)
+            node.replace_all_uses_with(cut, delete_user_cb=lambda user: user not in self.region and user is not cut)  # noqa: B023 (called here)
 
     def _emit_key_mask(self) -> fx.Node:
         first = next(n for n in self.nodes if n in self.region)

@@ -25,6 +25,42 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 
+# The heaviest tests outside `slow` (measured with --durations on 2 shared cores: 10-50 s each), marked
+# `slow` here so that `python -m pytest -m "not slow"` is a fast loop; CI (`.ci/run`) runs everything.
+# Node-id prefixes; a renamed test simply runs in the fast loop again.
+HEAVY = (
+    "tests/test_backend.py::test_dynamic_shapes_record_guards_and_replan_when_a_resolution_breaks_them",
+    "tests/test_backend.py::test_without_a_plan_option_the_planner_plans",
+    "tests/test_fold.py::test_qkv_packing_is_folded_once_with_its_tp_sharding_and_the_same_collectives",
+    "tests/test_vae_compile.py::test_chunked_decode_is_one_graph_per_chunk_shape",
+    "tests/test_vae_compile.py::test_full_t_decode_is_one_graph",
+    "tests/test_rewrites_sharded.py::test_auto_plan_after_rope_patch_embed_and_sp_pad_compiles_to_its_prediction",
+    "tests/test_rewrites_sharded.py::test_sp_padding_runs_45_tokens_on_sp2_without_per_block_kv_slices",
+    "tests/test_rewrites_sharded.py::test_saved_plan_remembers_its_rewrites",
+    "tests/test_rewrites_sharded.py::test_qkv_fusion_under_tp_adds_no_collective",
+    "tests/test_capture.py::test_every_graph_of_the_streaming_vae_decode_is_annotated",
+    "tests/test_vae_full_t.py::test_decode_equals_streaming_decode[tiny-wan2.1-9",
+    "tests/test_vae_full_t.py::test_decode_equals_streaming_decode[tiny-wan2.2-9",
+    "tests/test_pipeline.py::test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short",
+    "tests/test_pipeline.py::test_two_expert_pipeline_matches_eager_with_one_graph_one_fold_per_expert",
+    "tests/test_pipeline.py::test_cfg_parallel_runs_the_guidance_pair_as_one_batch2_forward_with_the_same_numbers",
+    "tests/test_pipeline.py::test_replayed_dit_follows_every_call_s_timestep_and_latents",
+    "tests/test_replay.py::test_a_new_input_shape_is_traced_once_more",
+    "tests/test_entry_order.py::test_cpu_num_devices_that_disagrees_with_the_mesh_is_an_error_not_rewritten",  # subprocesses
+    "tests/test_entry_order.py::test_xla_before_wancompile_is_refused_with_the_fix_not_a_segfault",
+    "tests/test_entry_order.py::test_use_spmd_forced_after_the_runtime_started_is_refused",
+    "tests/test_vae_full_t.py::test_float64_decode_equals_streaming_to_rounding",
+    "tests/test_vae_full_t.py::test_slicing_and_tuple_output_follow_diffusers",
+    "tests/test_vae_budget.py::test_estimate_bounds_the_measured_peak_within_2_5x",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.startswith(HEAVY):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(scope="session")
 def spmd():
     """The process's SPMD runtime (8 virtual CPU devices)."""
@@ -71,6 +107,17 @@ def run_script(args, num_devices, timeout=900, stderr=False, **env_extra):
     return (proc.stdout, proc.stderr) if stderr else proc.stdout
 
 
+@__import__("contextlib").contextmanager
+def raises_from_backend(exc_type, match):
+    """Like ``pytest.raises(exc_type, match=...)`` for an error raised inside the backend: dynamo
+    wraps it in ``BackendCompilerFailed``; the backend's own error is its ``inner_exception``."""
+    with pytest.raises(Exception) as info:
+        yield info
+    err = getattr(info.value, "inner_exception", None) or info.value
+    assert isinstance(err, exc_type), f"expected {exc_type.__name__}, got {type(err).__name__}: {err}"
+    assert re.search(match, str(err)), f"{match!r} not in {err}"
+
+
 def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
     """Run a fidelity script (one JSON object per ``FIDELITY {...}`` line); return (rows, stderr)."""
     import json
@@ -85,7 +132,6 @@ def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
 
 import torch  # noqa: E402  (after the XLA environment above)
 import torch.fx as fx  # noqa: E402
-
 
 
 def capture(fn, *args, **kwargs) -> list[tuple[fx.GraphModule, list]]:

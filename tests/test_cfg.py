@@ -114,9 +114,9 @@ def test_memory_excludes_the_split_with_its_need(pair_graph):
 
 
 def _need(graph, mesh, name: str) -> int:
-    from planner.cfg import CFG_AXIS
-    from planner.plan import BudgetError
     from planner.autoplan import plan_graph
+    from planner.cfg import CFG_AXIS
+    from planner.plan import MemoryBudgetError
 
     try:
         if name == "off":
@@ -125,8 +125,8 @@ def _need(graph, mesh, name: str) -> int:
             axis = name[len("split("):-1]
             hw = split_profile(get_profile("wh-loudbox"), mesh, axis)
             plan_graph(graph, split_mesh(mesh, axis), hw, memory_gb=1e-6, batch_axes=(CFG_AXIS,))
-    except BudgetError as e:
-        return e.need_bytes
+    except MemoryBudgetError as e:
+        return int(e.need_gb * 1e9)
     raise AssertionError("a 1e-6 GB budget fitted")
 
 

@@ -18,7 +18,8 @@ def tiny_dirs(tmp_path_factory):
     for name, extra in {"hand-2x4": ["--mesh", "2x4", "--hand", "tt-xla"], "hand-8x4": ["--mesh", "8x4", "--hand", "tt-xla"],
                         "auto-2x4": ["--mesh", "2x4", "--memory-gb", "0.00025"]}.items():
         d = tmp_path_factory.mktemp(name)
-        assert main(["plan", *TINY, "--hardware", "wh-loudbox", *extra, "--out", str(d)]) == 0
+        hardware = "wh-galaxy" if "8x4" in name else "wh-loudbox"  # a profile at least as large as the mesh
+        assert main(["plan", *TINY, "--hardware", hardware, *extra, "--out", str(d)]) == 0
         out[name] = d
     return out
 
@@ -46,7 +47,7 @@ def test_progress_is_live_on_a_terminal():
     text = stream.getvalue()
     assert text.startswith("\r[1/2] solving … 0.") and text.endswith(" s\n") and "\r[1/2] solving done in 0.4" in text
     with pytest.raises(ZeroDivisionError), p.step("failing"):
-        1 / 0
+        1 / 0  # noqa: B018 (the failure under test)
     assert "\r[2/2] failing failed in" in stream.getvalue()
 
 
@@ -85,7 +86,9 @@ def test_explain_a_parameter_and_an_op(tiny_dirs, capsys):
 def test_explain_unknown_names_near_misses(tiny_dirs, capsys):
     assert main(["explain", str(tiny_dirs["auto-2x4"]), "blocks.0.attn3"]) == 2
     err = capsys.readouterr().err
-    assert "has no decision, parameter, module or op named 'blocks.0.attn3'; try one of:" in err
+    assert "no such decision, parameter, module or op: plan" in err and "has none named 'blocks.0.attn3'; try one of:" in err
+    assert main(["explain", str(tiny_dirs["auto-2x4"]), "blocks.99.attn1"]) == 2
+    assert "no such block: plan" in capsys.readouterr().err
 
 
 def test_diff_2x4_vs_8x4_shows_the_sp_change_and_its_cost(tiny_dirs, capsys):

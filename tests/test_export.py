@@ -65,9 +65,10 @@ def test_export_refuses_a_plan_made_with_rewrites(tiny_capture):
 def test_exported_module_compiles_to_the_backends_collectives_and_numerics(tmp_path, tiny_capture):
     import torch
 
-    from conftest import run_script
     from wancompile.report import Report, write_dumps
     from wancompile.report.export import export_python
+
+    from conftest import run_script
 
     cases = {}
     for name, plan in _plans(tiny_capture[0]).items():

@@ -6,8 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import capture
 from wancompile.verify import numerics, placeholder_args, run_with_backend
+
+from conftest import capture
 
 pytestmark = pytest.mark.usefixtures("spmd")
 

@@ -17,7 +17,7 @@ from planner.hand_plans import tt_xla_plan
 from planner.hardware import PROFILES
 from planner.mesh import parse_mesh
 from planner.placements import Layout
-from planner.plan import PlanError
+from planner.plan import MemoryBudgetError
 from planner.propagate import evaluate
 from planner.rules import rule_for
 
@@ -57,7 +57,7 @@ def test_every_tiny_op_kind_has_a_rule(tiny):
 
 
 @pytest.mark.slow
-def test_every_a14b_op_kind_has_a_rule_and_plan_is_fast(a14b):
+def test_every_a14b_op_kind_has_a_rule(a14b):
     missing = [k for k in _kinds(a14b) if not rule_for(k)[1]]
     assert not missing, f"op kinds without a sharding rule: {missing}"
 
@@ -98,8 +98,9 @@ def test_no_head_tp_when_heads_do_not_divide(tiny):
 
 
 def test_memory_budget_no_plan_meets(tiny):
-    with pytest.raises(PlanError, match=r"smallest plan needs .* GB per device. Raise memory_gb to at least"):
+    with pytest.raises(MemoryBudgetError, match=r"smallest plan on this mesh needs .* GB per device. Raise memory_gb to at least") as e:
         plan_graph(tiny, parse_mesh("2x4"), "wh-loudbox", memory_gb=1e-6)
+    plan_graph(tiny, parse_mesh("2x4"), "wh-loudbox", memory_gb=e.value.need_gb).check(tiny)  # the named minimum plans
 
 
 def test_tight_memory_forces_weight_sharding(tiny):
@@ -157,7 +158,8 @@ def test_rediscovers_megatron_on_1x4(a14b):
     assert p["blocks.7.attn1.norm_q.weight"] == ("model",)
     stats = [c for c in plan.collectives if "norm_q" in c.where and c.kind == "all-reduce"]
     assert stats and stats[0].axes == ("model",) and stats[0].count == 40
-    assert 40 % 4 == 0  # whole heads per device: 10 of 40
+    attn1 = next(d for d in plan.decisions if d.node.startswith("blocks.*.attn1"))
+    assert attn1.strategy == "head-TP(model)", attn1  # whole heads per device: 10 of 40
     wh = plan_graph(a14b, parse_mesh("1x4"), "wh-loudbox", memory_gb=1000, num_blocks=40, sequence_parallel=False)
     attn2 = next(d for d in wh.decisions if d.node.startswith("blocks.*.attn2"))
     if attn2.strategy != "head-TP(model)":

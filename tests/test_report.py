@@ -123,7 +123,7 @@ def test_auto_plan_md_golden(auto_dir):
 |---|---|---|---|---|---|
 | blocks.*.attn1 (x2) | **SP(batch)+KV-gather** | 0.478 | SP(batch)+KV-gather+FSDP | 0.480 | +0.001 ms |
 | blocks.*.attn2 (x2) | **SP(batch)+FSDP** | 0.478 | SP(batch) | 0.480 | +0.001 ms |
-| blocks.*.ffn (x2) | **Megatron(model)+SP(batch)** | 0.478 | SP(model)+FSDP | 0.488 | +0.010 ms |
+| blocks.*.ffn (x2) | **Megatron(model)+SP(batch)** | 0.478 | Megatron(model)+SP(batch)+FSDP | 0.490 | +0.011 ms |
 | condition_embedder.time_embedder | **Megatron(batch)** | 0.478 | replicated | 0.479 | +0.000 ms |
 | condition_embedder.text_embedder | **replicated** | 0.478 | Megatron(batch) | 0.479 | +0.000 ms |
 
@@ -205,7 +205,7 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
 - plan total 0.478 ms per forward (SP(batch)+KV-gather: 0.174 ms of it)
 - next best: SP(batch)+KV-gather+FSDP, plan total 0.480 ms (+0.001 ms: this macro +0.054 ms, stream-layout edges +0.000 ms, other macros -0.053 ms (attn2 -> SP(batch)))
-- replicated is cheaper on its own (0.142 ms) but its best plan totals 0.488 ms: this macro -0.032 ms, stream-layout edges +0.021 ms, other macros +0.021 ms (attn2 -> SP(model)+FSDP, ffn -> SP(model)+FSDP)
+- replicated is cheaper on its own (0.142 ms) but its best plan totals 0.500 ms: this macro -0.032 ms, stream-layout edges +0.021 ms, other macros +0.032 ms (attn2 -> SP(model)+FSDP, ffn -> SP(model)+FSDP, condition_embedder.time_embedder -> Megatron(model))
 - collectives it implies (per call): all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#1`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#2`
 
 ### blocks.*.attn2 (x2): SP(batch)+FSDP
@@ -222,11 +222,11 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 ### blocks.*.ffn (x2): Megatron(model)+SP(batch)
 
 - **chosen** `Megatron(model)+SP(batch)`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
-- **best rejected** `SP(model)+FSDP`: the best plan with it instead costs 0.488 ms per forward (+0.010 ms)
+- **best rejected** `Megatron(model)+SP(batch)+FSDP`: the best plan with it instead costs 0.490 ms per forward (+0.011 ms)
 - other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `SP(batch)+FSDP` 0.070 ms, `Megatron(batch)+SP(model)` 0.072 ms
 - plan total 0.478 ms per forward (Megatron(model)+SP(batch): 0.097 ms of it)
-- next best: SP(model)+FSDP, plan total 0.488 ms (+0.010 ms: this macro -0.010 ms, stream-layout edges +0.021 ms, other macros -0.001 ms (attn1 -> replicated, attn2 -> SP(model)+FSDP))
-- SP(batchxmodel) is cheaper on its own (0.042 ms) but its best plan totals 0.499 ms: this macro -0.054 ms, stream-layout edges +0.021 ms, other macros +0.054 ms (attn1 -> SP(batch)+KV-gather+FSDP)
+- next best: Megatron(model)+SP(batch)+FSDP, plan total 0.490 ms (+0.011 ms: this macro +0.026 ms, stream-layout edges +0.000 ms, other macros -0.015 ms (condition_embedder.time_embedder -> replicated))
+- SP(batchxmodel) is cheaper on its own (0.042 ms) but its best plan totals 0.510 ms: this macro -0.054 ms, stream-layout edges +0.021 ms, other macros +0.065 ms (attn1 -> SP(batch)+KV-gather+FSDP, condition_embedder.time_embedder -> Megatron(model))
 - collectives it implies (per call): all-reduce on model 3.0 KiB at `blocks.*.ffn.net.2:linear#0`
 
 ### condition_embedder.time_embedder: Megatron(batch)

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from conftest import capture, normalized_code
 from expecttest import assert_expected_inline
 
 from rewrites import apply_rewrites
+
+from conftest import capture, normalized_code
 
 
 class PatchEmbed(nn.Module):

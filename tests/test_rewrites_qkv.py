@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
-from conftest import capture, normalized_code
 from expecttest import assert_expected_inline
 from torch.fx.interpreter import Interpreter
 
 from rewrites import apply_rewrites
+
+from conftest import capture, normalized_code
 
 HEADS, HEAD_DIM = 4, 2
 

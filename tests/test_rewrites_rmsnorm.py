@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-from conftest import capture, normalized_code
 from expecttest import assert_expected_inline
 
 from rewrites import apply_rewrites
+
+from conftest import capture, normalized_code
 
 
 def wan_rms_norm(channels: int = 4, **kwargs):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import operator
 
 import torch
-from conftest import capture, normalized_code
 from expecttest import assert_expected_inline
 
 from rewrites import apply_rewrites
+
+from conftest import capture, normalized_code
 
 
 def apply_rotary_emb(hidden_states, freqs_cos, freqs_sin):

@@ -5,7 +5,11 @@ from collections import Counter
 import pytest
 import torch
 
+from planner.plan import PlanError
+from planner.strategies import StructureError
 from wancompile.verify import numerics, placeholder_args, run_with_backend
+
+from conftest import raises_from_backend
 
 pytestmark = pytest.mark.usefixtures("spmd")
 
@@ -53,7 +57,7 @@ def test_saved_plan_remembers_its_rewrites(tmp_path, tiny_model, tiny_inputs):
     path = save_plan(program.plan, tmp_path / "plan.json")
     again, _ = compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan=str(path), rewrites=["rope", "qkv"])
     assert again.pcc >= 0.99999
-    with pytest.raises(Exception, match=r"made with rewrites \['qkv', 'rope'\] but this compile runs none"):
+    with raises_from_backend(PlanError, r"made with rewrites \['qkv', 'rope'\] but this compile runs none"):
         compile_and_check(tiny_model, tiny_inputs, mesh="2x4", plan=str(path))
 
 
@@ -72,5 +76,5 @@ def test_auto_plan_after_rope_patch_embed_and_sp_pad_compiles_to_its_prediction(
 
 
 def test_auto_planner_refuses_qkv_fused_graphs_by_name(tiny_model, tiny_inputs):
-    with pytest.raises(Exception, match=r"fused QKV projection.*compile without 'qkv'.*plan='tt-xla'"):
+    with raises_from_backend(StructureError, r"fused QKV projection.*compile without 'qkv'.*plan='tt-xla'"):
         compile_and_check(tiny_model, tiny_inputs, mesh="2x4", rewrites=["qkv"])

@@ -8,12 +8,13 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from conftest import capture, normalized_code
 from expecttest import assert_expected_inline
 from torch.fx.interpreter import Interpreter
 
 from rewrites import RewriteContext, apply_rewrites
 from rewrites._core import SDPA, module_path
+
+from conftest import capture, normalized_code
 
 
 class Attention(nn.Module):

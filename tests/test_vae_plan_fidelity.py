@@ -78,7 +78,7 @@ def _check(row: dict) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("mesh", list(MESHES))
 def test_channel_megatron_vae_plan_compiles_to_its_predicted_collectives(mesh):
-    """The seed's hand plan (shared/seeds/001): per residual block exactly its bill, one all-reduce of
+    """The seed's hand plan (seed 001, docs/seeds.md): per residual block exactly its bill, one all-reduce of
     conv2's partial-sum output (B, C, T, H, W) and one of norm2's channel statistics (B, T, H, W)."""
     rows, stderr = _run(mesh, "channel")
     assert "Involuntary full rematerialization" not in stderr, stderr[-3000:]

@@ -5,7 +5,7 @@
 
 __version__ = "0.1.0"
 
-from wancompile import runtime as _runtime  # noqa: E402
+from wancompile import runtime as _runtime
 
 # SPMD must be on before torch_xla's runtime starts; torch.compile(..., backend="wan_autoshard")
 # imports this package, so enabling it here makes compile-then-run safe (wancompile/runtime.py).
@@ -16,8 +16,7 @@ if not _runtime.enable_spmd_early():
                   "compiles in this process will be refused (see wancompile/runtime.py). Import wancompile "
                   "before the first XLA use.", RuntimeWarning, stacklevel=2)
 
-from wancompile.vae import disable_full_t, enable_full_t  # noqa: E402  (torch-free until called)
-
+from wancompile.vae import disable_full_t, enable_full_t
 
 
 def compile_pipeline(pipe, *args, **kwargs):

@@ -15,7 +15,6 @@ without a plan that fits it.
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -23,12 +22,13 @@ import torch
 import torch.fx as fx
 
 from planner.graph import Graph
+from planner.hardware import default_hardware  # the one default rule (docs/errors.md, README)
 from planner.mesh import MeshSpec
 from planner.plan import Plan, PlanError, RewriteRecord, load_plan, replicated_params
 from wancompile import runtime
 from wancompile.capture import annotate
 from wancompile.options import Options
-from wancompile.verify import VerificationError, numerics, tolerance
+from wancompile.verify import VerificationError, check_finite_inputs, numerics, tolerance
 
 log = logging.getLogger("wancompile")
 
@@ -92,9 +92,8 @@ def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.Grap
     the SP degree (the first mesh axis) times the hardware's tile."""
     if not opts.rewrites:
         return gm, ()
-    from rewrites import RewriteContext, apply_rewrites
-
     from planner.hardware import get_profile
+    from rewrites import RewriteContext, apply_rewrites
 
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
     tile = get_profile(opts.hardware or default_hardware(mesh)).tile
@@ -156,15 +155,6 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
     return solve(graph, mesh, opts, values)
 
 
-# Cost-model profile when the `hardware` option is unset: the Tenstorrent system with that mesh shape.
-DEFAULT_HARDWARE = {(1, 2): "wh-n300", (2, 2): "bh-quietbox", (2, 4): "wh-loudbox", (8, 4): "wh-galaxy", (4, 8): "wh-galaxy"}
-FALLBACK_HARDWARE = "wh-loudbox"
-
-
-def default_hardware(mesh: MeshSpec) -> str:
-    return DEFAULT_HARDWARE.get(tuple(mesh.shape), FALLBACK_HARDWARE)
-
-
 def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
     """Example sizes of the symbolic dims of a ``dynamic=True`` capture (the sizes dynamo saw), which
     the planner prices with while the plan keeps the symbols in its guards."""
@@ -198,10 +188,9 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
 def _dump(dump_dir, graph: Graph, plan: Plan) -> None:
     from wancompile.report import write_dumps
 
-    dump_dir.mkdir(parents=True, exist_ok=True)
-    write_dumps(plan, dump_dir, graph=graph)  # plan.json (+ per-op trace), plan.md, plan.html
-    (dump_dir / "graph.json").write_text(graph.to_json())
-    (dump_dir / "summary.txt").write_text(graph.summary() + "\n" + plan.summary() + "\n")
+    # plan.json (+ per-op trace), plan.md, plan.html, graph.json, summary.txt: one set, written atomically
+    write_dumps(plan, dump_dir, graph=graph,
+                extra={"graph.json": graph.to_json(), "summary.txt": graph.summary() + "\n" + plan.summary() + "\n"})
 
 
 def _symbol_positions(gm: fx.GraphModule) -> dict[str, int]:
@@ -252,10 +241,16 @@ class _Verifying:
         self.program = program
 
     def __call__(self, *args: Any) -> Any:
+        if self.program.verification is None and hasattr(self.program, "graph"):
+            check_finite_inputs(self.program.graph, args)  # bad inputs are not the plan's fault: say so first
         out = self.program(*args)
         if self.program.verification is None:
             ref = self.program.replicated()(*args)
             result = numerics(out, ref)
+            if not all(torch.isfinite(t.detach().cpu()).all() for t in _tensors(ref)):
+                raise VerificationError(
+                    "wan_autoshard verify: the unsharded program itself gives NaN/Inf on these (finite) inputs, so the "
+                    "plan cannot be checked; look at the model or its inputs' range, not the plan")
             self.program.verification = result
             dtype = next((t.dtype for t in _tensors(out)), torch.float32)
             if not result.pcc >= tolerance(dtype):

@@ -172,7 +172,7 @@ def annotate(gm: fx.GraphModule, model: str = "") -> Graph:
         location = Location(module, kind, occurrences[loc_key])
         occurrences[loc_key] += 1
         inputs: list[str] = []
-        fx.node.map_arg((n.args, n.kwargs), lambda a: inputs.append(a.name))
+        fx.node.map_arg((n.args, n.kwargs), lambda a: inputs.append(a.name))  # noqa: B023 (called here)
         value = n.meta.get("example_value", n.meta.get("val"))
         if n.op == "output":
             value = [a.meta.get("example_value") for a in n.all_input_nodes]

@@ -18,32 +18,74 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 log = logging.getLogger("wancompile")
 
+USAGE_EXIT = 2  # argparse's convention for usage errors; every bad input through the CLI exits with it
+FAILURE_EXIT = 1  # the input was fine but the work failed (a file that cannot be written, invalid plans)
+
+
+class UsageError(Exception):
+    """A bad command-line value; `main` prints it as one line and exits with USAGE_EXIT."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: ``wancompile plan: error: ...`` and exit 2, no usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(USAGE_EXIT, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def _positive_int(what: str):
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a whole number, got {text!r}") from None
+        if value < 1:
+            raise argparse.ArgumentTypeError(f"{what} must be at least 1, got {value}")
+        return value
+    return parse
+
+
+def _number(what: str, *, positive: bool):
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} must be a number, got {text!r}") from None
+        if not math.isfinite(value) or (value <= 0 if positive else value < 0):
+            raise argparse.ArgumentTypeError(f"{what} must be {'positive' if positive else 'zero or more'}, got {text}")
+        return value
+    return parse
+
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr")
-    p = argparse.ArgumentParser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools", parents=[common])
-    sub = p.add_subparsers(dest="command", required=True)
+    p = _Parser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools", parents=[common])
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     plan = sub.add_parser("plan", parents=[common], help="plan a model's sharding on the meta device; write plan.json, plan.md, plan.html")
     plan.add_argument("--model", required=True, help="wan2.2-t2v-a14b | wan2.2-i2v-a14b | wan2.2-ti2v-5b | tiny")
     plan.add_argument("--component", default="transformer", choices=["transformer"])
     plan.add_argument("--mesh", required=True, help="mesh shape, e.g. 8x4 (axes batch, model)")
-    plan.add_argument("--hardware", default="wh-galaxy", help="hardware profile (planner.hardware.PROFILES)")
+    plan.add_argument("--hardware", default=None,
+                      help="hardware profile (planner.hardware.PROFILES); default: the system with this mesh shape")
     plan.add_argument("--resolution", default="720p")
-    plan.add_argument("--frames", type=int, default=81)
+    plan.add_argument("--frames", type=_positive_int("--frames"), default=81, help="video frames, 4k+1 (81)")
     plan.add_argument("--out", required=True, help="directory for plan.json, plan.md, plan.html")
-    plan.add_argument("--memory-gb", type=float, default=None, help="per-device budget (default: the profile's DRAM)")
-    plan.add_argument("--experts", type=int, default=None, help="weight sets resident per device (default 2 for A14B, else 1)")
+    plan.add_argument("--memory-gb", type=_number("--memory-gb", positive=True), default=None, help="per-device budget (default: the profile's DRAM)")
+    plan.add_argument("--experts", type=_positive_int("--experts"), default=None, help="weight sets resident per device (default 2 for A14B, else 1)")
     plan.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    plan.add_argument("--capture-blocks", type=int, default=2)
-    plan.add_argument("--time-limit", type=float, default=5.0, help="solver time limit, seconds")
-    plan.add_argument("--batch", type=int, default=1,
+    plan.add_argument("--capture-blocks", type=_positive_int("--capture-blocks"), default=2,
+                      help="blocks captured on meta (decisions are shared by all blocks)")
+    plan.add_argument("--time-limit", type=_number("--time-limit", positive=False), default=5.0, help="solver time limit, seconds")
+    plan.add_argument("--batch", type=_positive_int("--batch"), default=1,
                       help="batch of the planned forward; 2 = a denoising step's CFG pair as one forward "
                            "(cond + uncond)")
     plan.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto",
@@ -74,17 +116,63 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_plan_args(args: argparse.Namespace):
+    """Every value `plan` needs, checked before anything slow runs: (model spec, mesh, hardware)."""
+    from planner.hardware import default_hardware, get_profile
+    from planner.mesh import MeshError, parse_mesh
+    from wancompile.models import get_model
+
+    try:
+        spec = get_model(args.model)
+    except ValueError as e:
+        raise UsageError(f"--model: {e}") from None
+    try:
+        spec.latent_shape(args.resolution, args.frames)
+    except ValueError as e:
+        raise UsageError(f"--{'resolution' if 'resolution' in str(e) else 'frames'}: {e}") from None
+    try:
+        mesh = parse_mesh(args.mesh)
+    except MeshError as e:
+        raise UsageError(f"--mesh: {e}") from None
+    args.hardware = args.hardware or default_hardware(mesh)
+    try:
+        hw = get_profile(args.hardware)
+    except ValueError as e:
+        raise UsageError(f"--hardware: {e}") from None
+    native = "x".join(map(str, hw.mesh_shape))
+    if mesh.size > math.prod(hw.mesh_shape):
+        raise UsageError(f"--mesh {mesh} has {mesh.size} devices but {hw.name} has {math.prod(hw.mesh_shape)} ({native}); "
+                         f"choose a profile for a system that large or a mesh of at most {math.prod(hw.mesh_shape)} devices")
+    if tuple(mesh.shape) != tuple(hw.mesh_shape):
+        print(f"wancompile plan: warning: {hw.name}'s native mesh is {native}; mesh {mesh} is priced as part of it "
+              f"(its links per axis). Pass --hardware for a {mesh} system if there is one", file=sys.stderr)
+    _check_out_dir(Path(args.out), "--out")
+    return spec, mesh
+
+
+def _check_out_dir(out: Path, flag: str) -> None:
+    """`out` exists as a writable directory (created if needed), else a UsageError naming `flag`."""
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{flag} {out} is a file; give a directory to write into")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"{flag} {out}: cannot create the directory ({e.strerror})") from None
+    if not os.access(out, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {out}: the directory is not writable; choose another --out")
+
+
 def plan_command(args: argparse.Namespace) -> int:
     from wancompile.progress import Progress
 
+    spec, mesh = _check_plan_args(args)
     progress = Progress(3)
-    with progress.step(f"capturing {min(args.capture_blocks, 10**9)}-block {args.model} {args.component} on meta"):
+    with progress.step(f"capturing {args.capture_blocks}-block {args.model} {args.component} on meta"):
         import torch
 
         from wancompile.capture import capture_module
-        from wancompile.models import build_transformer, get_model, transformer_inputs
+        from wancompile.models import build_transformer, transformer_inputs
 
-        spec = get_model(args.model)
         dtype = getattr(torch, args.dtype)
         num_layers = spec.transformer["num_layers"]
         module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
@@ -94,28 +182,21 @@ def plan_command(args: argparse.Namespace) -> int:
     log.info("captured %s", graph.summary())
 
     from planner.cfg import plan_dit
-    from planner.mesh import parse_mesh
-    from planner.plan import PlanError
 
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
-    mesh = parse_mesh(args.mesh)
-    try:
-        with progress.step("planning" + (" (tt-xla hand plan)" if args.hand else f" on {mesh} for {args.hardware}")):
-            if args.hand:
-                from planner.autoplan import price_plan
-                from planner.hand_plans import tt_xla_plan
+    with progress.step("planning" + (" (tt-xla hand plan)" if args.hand else f" on {mesh} for {args.hardware}")):
+        if args.hand:
+            from planner.autoplan import price_plan
+            from planner.hand_plans import tt_xla_plan
 
-                plan = tt_xla_plan(graph, mesh, model=args.model)
-                plan = _expand_blocks(plan, num_layers)
-                plan = plan.with_(hardware=args.hardware, predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers,
-                                                                              weight_copies=experts))
-            else:
-                plan = plan_dit(graph, mesh, args.hardware, cfg_parallel=args.cfg_parallel, memory_gb=args.memory_gb,
-                                num_blocks=num_layers, weight_copies=experts, time_limit_s=args.time_limit,
-                                model=args.model)
-    except PlanError as e:
-        print(f"wancompile plan: {e}", file=sys.stderr)
-        return 2
+            plan = tt_xla_plan(graph, mesh, model=args.model)
+            plan = _expand_blocks(plan, num_layers)
+            plan = plan.with_(hardware=args.hardware, predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers,
+                                                                          weight_copies=experts))
+        else:
+            plan = plan_dit(graph, mesh, args.hardware, cfg_parallel=args.cfg_parallel, memory_gb=args.memory_gb,
+                            num_blocks=num_layers, weight_copies=experts, time_limit_s=args.time_limit,
+                            model=args.model)
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
 
@@ -128,7 +209,8 @@ def plan_command(args: argparse.Namespace) -> int:
     print(f"  tokens per forward: {spec.tokens(args.resolution, args.frames)}; blocks: {num_layers}; weight sets resident: {experts}")
     if p.step_seconds:
         print(f"  predicted per forward: {p.step_seconds * 1e3:.1f} ms = compute {p.compute_seconds * 1e3:.1f} ms "
-              f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms ({100 * p.comm_seconds / p.step_seconds:.0f}%)")
+              f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms "
+              f"({100 * p.comm_seconds / p.step_seconds:.0f}%)")
     print(f"  memory per device: {p.memory_bytes_per_device / 1e9:.2f} GB")
     print(f"  solver: {plan.solver.status}, {plan.solver.seconds:.3f} s solving, gap {plan.solver.gap:.2%}; "
           f"capture {progress.times.get(next(iter(progress.times)), 0):.2f} s")
@@ -192,9 +274,15 @@ def diff_command(args: argparse.Namespace) -> int:
 def export_command(args: argparse.Namespace) -> int:
     from wancompile.report.export import export_python
 
+    if args.output:
+        if Path(args.output).is_dir():
+            raise UsageError(f"-o {args.output} is a directory; give the path of the .py file to write")
+        _check_out_dir(Path(args.output).parent, "-o")
     text = export_python(_load(args.plan))
     if args.output:
-        Path(args.output).write_text(text)
+        from planner.files import write_text
+
+        write_text(args.output, text)
         print(f"wrote {args.output}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -206,6 +294,7 @@ def report_command(args: argparse.Namespace) -> int:
 
     rep = _load(args.plan)
     out = Path(args.out) if args.out else Path(rep.source).parent
+    _check_out_dir(out, "--out")
     paths = write_dumps(rep.plan, out, report=rep)
     for kind in ("json", "md", "html"):
         print(f"wrote {paths[kind]}")
@@ -221,7 +310,17 @@ def validate_command(args: argparse.Namespace) -> int:
     for path in args.plans:
         p = Path(path)
         p = p / "plan.json" if p.is_dir() else p
-        errs = errors(json.loads(p.read_text()))
+        try:
+            errs = errors(json.loads(p.read_text()))
+        except OSError as e:
+            print(f"wancompile validate: cannot read {p}: {e.strerror}", file=sys.stderr)
+            bad += 1
+            continue
+        except json.JSONDecodeError as e:
+            print(f"wancompile validate: {p} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated — regenerate it",
+                  file=sys.stderr)
+            bad += 1
+            continue
         print(f"{p}: " + ("valid" if not errs else f"{len(errs)} problem(s)"))
         for e in errs[:20]:
             print(f"  {e}")
@@ -234,16 +333,36 @@ COMMANDS = {"plan": plan_command, "explain": explain_command, "diff": diff_comma
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run one verb. Bad input ends in one line on stderr, ``wancompile VERB: ...``, and exit 2
+    (a file that cannot be written: exit 1); a traceback only with ``-v``."""
+    from planner.mesh import MeshError
     from planner.plan import PlanError
+    from wancompile.options import OptionsError
     from wancompile.progress import setup_logging
+    from wancompile.report.schema import SchemaError
 
     args = _parser().parse_args(argv)
     setup_logging(args.verbose)
+    prog = f"wancompile {args.command}"
     try:
         return COMMANDS[args.command](args)
-    except PlanError as e:
-        print(f"wancompile {args.command}: {e}", file=sys.stderr)
-        return 2
+    except UsageError as e:
+        code, line = USAGE_EXIT, f"{prog}: error: {e}"
+    except (PlanError, MeshError, OptionsError, SchemaError) as e:
+        code, line = USAGE_EXIT, f"{prog}: {e}"
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        code, line = FAILURE_EXIT, f"{prog}: cannot write{where}: {e.strerror or e}"
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # a bug, not a user mistake: still one line (the traceback with -v)
+        code, line = FAILURE_EXIT, f"{prog}: internal error: {type(e).__name__}: {e} (run with -v for the traceback, and report it)"
+    if args.verbose:
+        import traceback
+
+        traceback.print_exc()
+    print(line, file=sys.stderr)
+    return code
 
 
 if __name__ == "__main__":

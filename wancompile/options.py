@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
 from planner.mesh import MeshError, MeshSpec, parse_mesh
-
 from rewrites import PASS_NAMES as REWRITE_NAMES
+
 ENV_PREFIX = "WANCOMPILE_"
 # Plans made by rule instead of by the solver; `plan="tt-xla"` runs the seed's hand plan.
 BUILTIN_PLANS = ("tt-xla",)
@@ -54,14 +54,20 @@ class Options:
         env = os.environ if env is None else env
         raw: dict[str, Any] = {}
         for key, value in env.items():
-            if key.startswith(ENV_PREFIX):
+            if key.startswith(ENV_PREFIX) and key not in OTHER_ENV:
                 name = key[len(ENV_PREFIX):].lower()
-                if name in _KNOWN:
-                    raw[name] = value
+                if name not in _KNOWN:
+                    known = [ENV_PREFIX + k.upper() for k in sorted(_KNOWN)]
+                    raise OptionsError(
+                        f"unknown environment variable {key}{_did_you_mean(key, known)}; the {ENV_PREFIX}* variables "
+                        f"are backend options: {', '.join(known)}. Unset it or fix its name"
+                    )
+                raw[name] = value
         for key, value in (options or {}).items():
             if key not in _KNOWN:
                 raise OptionsError(
-                    f"unknown wan_autoshard option {key!r}; known options: {', '.join(sorted(_KNOWN))}"
+                    f"unknown wan_autoshard option {key!r}{_did_you_mean(str(key), sorted(_KNOWN))}; known options: "
+                    f"{', '.join(sorted(_KNOWN))}"
                 )
             raw[key] = value
         return _parse(raw)
@@ -69,6 +75,16 @@ class Options:
 
 _KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites",
                     "weight_sets", "cfg_parallel"})
+# WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
+# variable with the prefix is taken for a misspelt option and refused; add new ones here.
+OTHER_ENV: frozenset[str] = frozenset()
+
+
+def _did_you_mean(name: str, known) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1)
+    return f" (did you mean {close[0]}?)" if close else ""
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -125,11 +141,14 @@ def _parse(raw: dict[str, Any]) -> Options:
     if not ok:
         raise OptionsError(f"option 'weight_sets' must be an integer >= 1 (weight sets resident per device, e.g. 2 "
                            f"for both Wan 2.2 experts), got {weight_sets!r}")
+    hardware = str(raw["hardware"]) if raw.get("hardware") else None
+    if hardware is not None:
+        _check_hardware(hardware, mesh)
 
     return Options(
         mesh=mesh,
         xla_mesh=xla_mesh,
-        hardware=str(raw["hardware"]) if raw.get("hardware") else None,
+        hardware=hardware,
         dump_dir=Path(raw["dump_dir"]) if raw.get("dump_dir") else None,
         plan=plan,
         memory_gb=memory_gb,
@@ -150,8 +169,32 @@ def _parse_cfg(value: Any) -> str:
         raise OptionsError(f"option 'cfg_parallel' must be 'auto', 'on'/True or 'off'/False, got {value!r}") from None
 
 
+def _check_hardware(name: str, mesh: Optional[MeshSpec]) -> None:
+    """A known profile, for a system at least as large as the mesh; a mesh of another shape is priced
+    as part of the system (logged, not silent)."""
+    import logging
+    import math
+
+    from planner.hardware import PROFILES
+
+    if name not in PROFILES:
+        raise OptionsError(f"option 'hardware': unknown profile {name!r}{_did_you_mean(name, sorted(PROFILES))}; "
+                           f"choose one of {', '.join(sorted(PROFILES))}")
+    native = PROFILES[name].mesh_shape
+    if mesh is not None and mesh.size > math.prod(native):
+        raise OptionsError(f"option 'hardware': {name} has {math.prod(native)} devices ({'x'.join(map(str, native))}) but mesh "
+                           f"{mesh} has {mesh.size}; choose a profile for a system that large")
+    if mesh is not None and tuple(mesh.shape) != tuple(native):
+        logging.getLogger("wancompile").warning(
+            "wan_autoshard: hardware %s's native mesh is %s; mesh %s is priced as part of it (its links per axis)",
+            name, "x".join(map(str, native)), mesh)
+
+
 def _default_names(ndim: int) -> tuple[str, ...]:
-    return parse_mesh((1,) * ndim).axis_names
+    try:
+        return parse_mesh((1,) * ndim).axis_names
+    except MeshError as e:
+        raise OptionsError(f"option 'mesh': {e}") from None
 
 
 def _parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:

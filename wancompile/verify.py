@@ -36,6 +36,30 @@ class VerificationError(AssertionError):
     """The sharded program disagrees with the unsharded one beyond tolerance."""
 
 
+class NonFiniteInputError(VerificationError):
+    """``verify=True`` was given inputs (or parameters) holding NaN or Inf: there is nothing to
+    compare, and the plan is not to blame. The message names the input."""
+
+
+def _input_name(ref: str) -> str:
+    kind, _, key = ref.partition(".")
+    return f"input {key!r}" if kind == "kwargs" else f"positional input {key}" if kind == "args" else f"input {ref!r}"
+
+
+def check_finite_inputs(graph: Graph, args: Sequence[Any]) -> None:
+    """Raise `NonFiniteInputError` naming the first graph input or parameter with NaN/Inf values."""
+    names = [f"parameter {n.param}" if n.param else _input_name(n.attrs.get("input", n.name)) for n in graph if n.op == "placeholder"]
+    for name, a in zip(names, args):
+        if isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) and a.numel():
+            t = a.detach().cpu()
+            nan, inf = int(torch.isnan(t).sum()), int(torch.isinf(t).sum())
+            if nan or inf:
+                raise NonFiniteInputError(
+                    f"wan_autoshard verify: {name} {tuple(t.shape)} holds {nan} NaN and {inf} Inf value(s) of {t.numel()}; "
+                    "the model's output is not finite either way, so the plan was not checked. Pass finite inputs "
+                    "(or run with verify off)")
+
+
 def _flat_tensors(x: Any) -> list[torch.Tensor]:
     if isinstance(x, torch.Tensor):
         return [x]

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Optional
+from typing import Mapping, Optional
 
 from planner.graph import Graph
 from planner.plan import Plan
@@ -38,23 +38,25 @@ def build_report(plan: Plan, graph: Optional[Graph] = None, hardware: Optional[s
 
 
 def write_dumps(plan: Plan, out_dir: str | Path, *, graph: Optional[Graph] = None, hardware: Optional[str] = None,
-                num_blocks: Optional[int] = None, report: Optional[Report] = None) -> dict[str, Path]:
-    """Write plan.json (validated against the published schema), plan.md and plan.html into `out_dir`."""
+                num_blocks: Optional[int] = None, report: Optional[Report] = None,
+                extra: Optional[Mapping[str, str]] = None) -> dict[str, Path]:
+    """Write plan.json (validated against the published schema), plan.md and plan.html (and the
+    `extra` files, name -> text) into `out_dir` as one set (`planner.files.write_set`: whenever
+    plan.json exists, the files beside it are from the same write)."""
     import json
 
+    from planner.files import write_set
     from wancompile.report.html import render_html
     from wancompile.report.markdown import render_markdown
     from wancompile.report.schema import validate
 
     rep = report or build_report(plan, graph, hardware, num_blocks)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     data = rep.to_json()
     validate(data)
-    paths = {"json": out / "plan.json", "md": out / "plan.md", "html": out / "plan.html"}
-    paths["json"].write_text(json.dumps(data, indent=1) + "\n")
-    paths["md"].write_text(render_markdown(rep))
-    paths["html"].write_text(render_html(rep))
-    for p in paths.values():
+    files = {"plan.md": render_markdown(rep), "plan.html": render_html(rep), **dict(extra or {}),
+             "plan.json": json.dumps(data, indent=1) + "\n"}
+    written = write_set(out_dir, files, commit="plan.json")
+    for p in written.values():
         log.debug("wrote %s", p)
-    return paths
+    return {"json": written["plan.json"], "md": written["plan.md"], "html": written["plan.html"],
+            **{name: written[name] for name in (extra or {})}}

@@ -35,6 +35,10 @@ def explain(rep: Report, what: str) -> str:
     """Text answer for `what`; raises PlanError (with near misses) when the plan has no such thing."""
     g = _generic(what)
     plan = rep.plan
+    block = re.match(r"^blocks\.(\d+)(\.|$)", what.strip())
+    if block and rep.num_blocks and int(block.group(1)) >= rep.num_blocks:
+        raise PlanError(f"no such block: plan {rep.source or ''} has blocks 0..{rep.num_blocks - 1}, not {block.group(1)} "
+                        f"(blocks share decisions: try blocks.0{what.strip()[block.end(1):]})")
     lines: list[str] = []
 
     if g.replace("_", "-") in ("cfg", "cfg-parallel") and plan.cfg_parallel is not None:
@@ -85,7 +89,8 @@ def explain(rep: Report, what: str) -> str:
 
     near = sorted({v.key for v in views.values()} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
     close = [x for x in near if key.split(".")[-1] in x][:8] or near[:8]
-    raise PlanError(f"plan {rep.source or ''} has no decision, parameter, module or op named {what!r}; try one of: {', '.join(close)}")
+    raise PlanError(f"no such decision, parameter, module or op: plan {rep.source or ''} has none named {what!r}; "
+                    f"try one of: {', '.join(close)}")
 
 
 def _explain_cfg(c) -> str:

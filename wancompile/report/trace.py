@@ -22,10 +22,10 @@ from __future__ import annotations
 import re
 from typing import Any, Optional
 
-from planner.graph import Graph, Node, TensorMeta
 from planner.cfg import plan_profile
-from planner.hardware import HardwareProfile, get_profile
-from planner.mesh import MeshSpec, format_spec
+from planner.graph import Graph, Node, TensorMeta
+from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.mesh import format_spec
 from planner.placements import Layout
 from planner.plan import Plan
 from planner.propagate import evaluate
@@ -56,7 +56,7 @@ def show_state(meta: TensorMeta, layout: Optional[Layout]) -> str:
 def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *,
                num_blocks: Optional[int] = None) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or default_hardware(plan.mesh))
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     st = find_structure(graph)
     n_blocks = num_blocks or _block_count(plan) or st.captured_blocks
@@ -157,7 +157,3 @@ def _block_count(plan: Plan) -> int:
 
 def _dim(d: Any) -> Any:
     return d if isinstance(d, int) else str(d)
-
-
-def mesh_of(plan: Plan) -> MeshSpec:
-    return plan.mesh
