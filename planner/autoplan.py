@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
@@ -26,7 +27,7 @@ from planner.hardware import HardwareProfile, get_profile
 from planner.ilp import Edge, Group, Infeasible, Option, solve
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
-from planner.plan import ActivationConstraint, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
+from planner.plan import ActivationConstraint, BudgetError, Collective, Decision, Plan, PlanError, Predicted, SolverInfo
 from planner.propagate import Evaluation, evaluate, redistribute
 from planner.strategies import Macro, Strategy, Structure, find_structure, strategies
 
@@ -36,7 +37,8 @@ KIB = 1024
 def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "wh-loudbox", *,
                memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
                values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
-               sequence_parallel: bool = True, only: Optional[Mapping[str, str]] = None) -> Plan:
+               sequence_parallel: bool = True, only: Optional[Mapping[str, str]] = None,
+               batch_axes: tuple[str, ...] = ()) -> Plan:
     """Plan a captured Wan DiT graph.
 
     Args:
@@ -52,6 +54,10 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
         only: macro name (``attn1``, ``ffn``, ``condition_embedder.time_embedder``) -> regular
             expression a strategy name must match (``{"attn1": "^Ulysses"}``): restricts the
             choice, e.g. to compile and check a strategy the cost model would not pick here.
+        batch_axes: mesh axes that split the batch dim (dim 0) of every batch-carrying value and that no
+            macro may use otherwise (CFG parallel: ``("cfg",)``, `planner.cfg`); parameters stay
+            replicated over them. Batch-carrying = the values whose propagated layout, from the
+            batch-split model inputs, keeps the split on dim 0 (the op rules decide, no name lists).
 
     Raises:
         PlanError: no plan fits the memory budget (names the smallest budget that fits).
@@ -60,7 +66,7 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
     st = find_structure(graph)
     n_blocks = num_blocks or st.captured_blocks
     vals = dict(values or {})
-    ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals)
+    ctx = _Ctx(graph, mesh, hw, st, n_blocks, weight_copies, vals, tuple(batch_axes))
     ctx.sequence_parallel = sequence_parallel
     ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
@@ -72,30 +78,76 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile = "
         res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
     except Infeasible:
         need = ctx.min_memory(groups) + fixed
-        raise PlanError(
+        raise BudgetError(
             f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
             f" x{weight_copies} weight set(s): the smallest plan needs {need / 1e9:.6g} GB per device. Raise memory_gb to at least "
-            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices."
-        ) from None
+            f"{need / 1e9:.6g}, or use a mesh of at least {ctx.min_devices(need, budget)} devices.",
+            budget_bytes=budget, need_bytes=need) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)
     return ctx.assemble(chosen, res, decisions, model or graph.model)
 
 
 class _Ctx:
-    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, st: Structure, n: int, copies: int, vals: dict):
+    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, st: Structure, n: int, copies: int,
+                 vals: dict, batch_axes: tuple[str, ...] = ()):
         self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
+        self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
+        self.inputs = self._batch_inputs()
+        self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
 
     # --- pricing ------------------------------------------------------------------------------
 
     def _base_layouts(self) -> dict:
-        ev = evaluate(self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary={}, values=self.vals)
+        ev = evaluate(self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary=self.inputs,
+                      values=self.vals)
         return ev.layouts
 
+    def _batch_inputs(self) -> dict:
+        """Layouts of the model inputs: with batch axes, every non-parameter input whose dim 0 is the
+        batch (the stream's dim 0) is split on it; without, none (replicated)."""
+        if not self.batch_axes:
+            return {}
+        batch = self.g[self.st.entry].out.shape[0]
+        out = {}
+        for x in self.g:
+            if x.op == "placeholder" and not x.is_param and x.outputs and x.out.shape and x.out.shape[0] == batch:
+                out[x.name] = (Layout((self.batch_axes,) + ((),) * (len(x.out.shape) - 1)),)
+        if not out:
+            raise PlanError(f"batch_axes {self.batch_axes}: no model input has the stream's batch {batch} on dim 0")
+        return out
+
+    def _batch_carrying(self) -> frozenset:
+        """Nodes whose dim 0 carries the split batch: propagate the split inputs through the whole
+        graph (parameters replicated, nothing forced) and keep the values that still hold it on dim 0."""
+        if not self.batch_axes:
+            return frozenset()
+        ev = evaluate(self.g, list(self.g), self.mesh, self.hw, boundary=self.inputs, values=self.vals)
+        k = len(self.batch_axes)
+        out = frozenset(name for name, lays in ev.layouts.items()
+                        if lays and lays[0] is not None and lays[0].ndim and lays[0].dims[0][:k] == self.batch_axes)
+        for name in (self.st.entry, self.st.block_output, self.st.exit):
+            if name not in out:
+                raise PlanError(f"the batch split over {self.batch_axes} does not reach {self.g[name].location} on "
+                                "dim 0 (an op without a batch-preserving rule on the way); this graph cannot be "
+                                "planned batch-split")
+        return out
+
+    def lift(self, name: str, lay: Layout) -> Layout:
+        """`lay` with the batch axes put major on dim 0 if node `name` carries the batch."""
+        if not self.batch_axes or name not in self.batch_nodes or lay.dims[0][:len(self.batch_axes)] == self.batch_axes:
+            return lay
+        return lay.with_dim(0, self.batch_axes + lay.dims[0])
+
+    def lift_strategy(self, s: Strategy) -> Strategy:
+        if not self.batch_axes:
+            return s
+        return dc_replace(s, forced={k: self.lift(k, v) for k, v in s.forced.items()})
+
     def stream(self, sigma) -> Layout:
-        return Layout(((), tuple(sigma), ()))
+        return Layout((self.batch_axes, tuple(sigma), ()))
 
     def crossing(self, m: Macro) -> list[str]:
         inside = set(m.nodes)
@@ -138,7 +190,7 @@ class _Ctx:
         """Prologue + epilogue with the block stack entered and left in layout sigma."""
         entry = {self.st.entry: self.stream(sigma)}
         rest = [self.g[x] for x in self.st.prologue if not any(x in r.nodes for r in self.st.root_macros)]
-        pro = evaluate(self.g, rest, self.mesh, self.hw, boundary={}, forced=entry, values=self.vals)
+        pro = evaluate(self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals)
         boundary = dict(self.base)
         for x in self.st.epilogue:
             for i in self.g[x].inputs:
@@ -146,7 +198,8 @@ class _Ctx:
                     boundary[i] = (self.stream(sigma),)
         exit_ = self.g[self.st.exit]
         epi = evaluate(self.g, [self.g[x] for x in self.st.epilogue], self.mesh, self.hw, boundary=boundary,
-                       forced={exit_.name: Layout.replicated(len(exit_.out.shape))}, values=self.vals)
+                       forced={exit_.name: self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))},
+                       values=self.vals)
         pro.events.extend(epi.events)
         pro.compute_seconds += epi.compute_seconds
         pro.guards.extend(epi.guards)
@@ -159,7 +212,9 @@ class _Ctx:
         first = self.st.block_macros[0].name
         ends = {}
         for m in self.st.block_macros + self.st.root_macros:
-            opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals)
+            opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals,
+                                   exclude=self.batch_axes)
+            opts = [self.lift_strategy(s) for s in opts]
             if not getattr(self, "sequence_parallel", True):
                 opts = [s for s in opts if not s.sigma]
             if m.name in getattr(self, "only", {}):
@@ -214,7 +269,7 @@ class _Ctx:
 
     def hint(self, groups, tables) -> dict[str, int]:
         """tt-xla's shape: head-TP/Megatron on the last axis, SP on the other axes, no FSDP."""
-        axes = [a for a in self.mesh.axis_names if self.mesh.axis_size(a) > 1]
+        axes = [a for a in self.mesh.axis_names if self.mesh.axis_size(a) > 1 and a not in self.batch_axes]
         tp = tuple(axes[-1:])
         sp = tuple(axes[:-1])
         out = {}
@@ -405,7 +460,8 @@ class _Ctx:
             # local slice). Left to propagation, GSPMD splits the unpadded tokens and shifts them into
             # the padded shards with a collective-permute (45 -> 64 tokens over 4: 12 vs 16 per device).
             src = self.g[entry.inputs[0]]
-            acts.insert(0, ActivationConstraint(src.location, (None,) * len(src.out.shape), src.out.shape,
+            whole = self.lift(src.name, Layout.replicated(len(src.out.shape))).to_spec()
+            acts.insert(0, ActivationConstraint(src.location, whole, src.out.shape,
                                                 reason="tokens whole before SP padding"))
         for name, lay in forced.items():
             node = self.g[name]
@@ -424,8 +480,15 @@ class _Ctx:
                     reason="RoPE table kept replicated: each device slices its token rows locally (unconstrained, GSPMD "
                            "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)"))
         exit_ = self.g[self.st.exit]
-        acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="exit: tokens gathered before unpatchify"))
-        return tuple(acts)
+        exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
+        acts.append(ActivationConstraint(exit_.location, exit_lay.to_spec(), exit_.out.shape,
+                                         reason="exit: tokens gathered before unpatchify"
+                                         + (" (batch stays split: each half keeps its branch)"
+                                            if self.batch_axes else "")))
+        inputs = [ActivationConstraint(self.g[x].location, lays[0].to_spec(), self.g[x].out.shape,
+                                       reason="model input split on the batch: one CFG branch per half of the mesh")
+                  for x, lays in self.inputs.items()]
+        return tuple(inputs + acts)
 
 
 def _reason(node) -> str:

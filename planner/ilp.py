@@ -21,6 +21,15 @@ Memory (per device, KiB):                                                 (d)
 
 A heuristic plan is given as a hint (`AddHint`), the solver is deterministic (one worker, fixed
 seed) and time-limited; status, objective, bound gap, wall time and model size are reported.
+
+Batch axes (CFG parallel, `planner.cfg`). With ``batch_axes = β`` (the ``cfg`` half of a split mesh)
+every stream key is ``(β on dim 0, σ on the tokens)``, no option's σ or t contains an axis of β, and
+every constraint an option forces on a batch-carrying value has β major on dim 0: the model above is
+unchanged, its costs are those of per-device batch B/|β|. The CFG choice itself is outside this
+model: one solve per CFG option o ∈ {off, split(axis)} on o's mesh, then
+  o* = argmin_o  T(o),   T(o) = the predicted step time (compute + comm) of o's solved plan,
+over the options whose solve is feasible (memory (d) on o's mesh: weights over the devices of one
+half for a split); ties go to ``off``. Forcing (``on``/``off``) restricts the argmin's domain.
 """
 
 from __future__ import annotations

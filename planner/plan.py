@@ -32,6 +32,15 @@ class PlanError(ValueError):
     """A plan that cannot be applied to this model or mesh; the message names the fix."""
 
 
+class BudgetError(PlanError):
+    """No plan fits the per-device memory budget: the budget and a lower bound on what the smallest plan
+    needs (cheapest weights of every macro + the largest of their smallest activation sets), in bytes."""
+
+    def __init__(self, message: str, *, budget_bytes: float, need_bytes: float) -> None:
+        super().__init__(message)
+        self.budget_bytes, self.need_bytes = int(budget_bytes), int(need_bytes)
+
+
 @dataclass(frozen=True)
 class ActivationConstraint:
     """Constrain output ``output`` of the op at ``location`` to ``spec``."""
@@ -113,6 +122,76 @@ class Decision:
 
 
 @dataclass(frozen=True)
+class CfgOption:
+    """One way to run a denoising step's CFG pair (a batch-2 forward), as the planner priced it.
+
+    ``name`` is ``off`` (the batch-2 plan on the whole mesh) or ``split(AXIS)`` (mesh axis AXIS halved:
+    each half runs one branch's plan on its submesh). Times are per denoising step (cond + uncond);
+    ``None`` where no plan exists (``reason`` says why: memory, divisibility)."""
+
+    name: str
+    mesh: MeshSpec  # the mesh this option's plan is made on (3-D for a split)
+    split_axis: Optional[str] = None  # axis of the user's mesh that was halved
+    step_seconds: Optional[float] = None
+    compute_seconds: Optional[float] = None
+    comm_seconds: Optional[float] = None
+    memory_bytes_per_device: Optional[int] = None
+    reason: str = ""
+    memory_needed_bytes: Optional[int] = None  # no plan fits memory: a lower bound on what the smallest plan needs
+
+    @property
+    def feasible(self) -> bool:
+        return self.step_seconds is not None
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "mesh": self.mesh.to_json(), "split_axis": self.split_axis,
+                "step_seconds": self.step_seconds, "compute_seconds": self.compute_seconds,
+                "comm_seconds": self.comm_seconds, "memory_bytes_per_device": self.memory_bytes_per_device,
+                "feasible": self.feasible, "reason": self.reason, "memory_needed_bytes": self.memory_needed_bytes}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "CfgOption":
+        mem = d.get("memory_bytes_per_device")
+        need = d.get("memory_needed_bytes")
+        return cls(str(d["name"]), MeshSpec.from_json(d["mesh"]), d.get("split_axis"), d.get("step_seconds"),
+                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem),
+                   str(d.get("reason", "")), None if need is None else int(need))
+
+
+@dataclass(frozen=True)
+class CfgParallel:
+    """The CFG-parallel decision of a batch-2 DiT plan (`planner.cfg`): what was asked (``mode``:
+    auto / on / off), every option with its cost, the chosen one, and the user's mesh (the plan's own
+    ``mesh`` is the split 3-D mesh when a split was chosen)."""
+
+    mode: str
+    chosen: str
+    base_mesh: MeshSpec
+    batch: int
+    options: tuple[CfgOption, ...]
+    axis: str = "cfg"
+
+    def option(self, name: str) -> CfgOption:
+        return next(o for o in self.options if o.name == name)
+
+    @property
+    def split(self) -> bool:
+        return self.chosen != "off"
+
+    def to_json(self) -> dict:
+        return {"mode": self.mode, "chosen": self.chosen, "axis": self.axis, "base_mesh": self.base_mesh.to_json(),
+                "batch": self.batch, "options": [o.to_json() for o in self.options]}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "CfgParallel":
+        out = cls(str(d["mode"]), str(d["chosen"]), MeshSpec.from_json(d["base_mesh"]), int(d["batch"]),
+                  tuple(CfgOption.from_json(o) for o in d["options"]), str(d.get("axis", "cfg")))
+        if out.chosen not in {o.name for o in out.options}:
+            raise PlanError(f"plan.json cfg_parallel.chosen {out.chosen!r} is none of its options")
+        return out
+
+
+@dataclass(frozen=True)
 class RewriteRecord:
     name: str
     count: int
@@ -140,6 +219,12 @@ class Plan:
     # Weight sets resident per device that the memory budget held (2: both Wan 2.2 experts); None: the
     # plan was not budgeted (hand-written, replicated) or was saved before plans recorded it.
     weight_sets: Optional[int] = None
+    cfg_parallel: Optional[CfgParallel] = None  # batch-2 DiT plans: the CFG-parallel choice (planner.cfg)
+
+    @property
+    def user_mesh(self) -> MeshSpec:
+        """The mesh the plan was asked for: ``mesh`` itself, or the unsplit mesh of a CFG-split plan."""
+        return self.cfg_parallel.base_mesh if self.cfg_parallel is not None else self.mesh
 
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
@@ -221,6 +306,7 @@ class Plan:
             "notes": list(self.notes),
             "guards": [{"expr": g.expr, "divisor": g.divisor, "what": g.what} for g in self.guards],
             "weight_sets": self.weight_sets,
+            **({"cfg_parallel": self.cfg_parallel.to_json()} if self.cfg_parallel is not None else {}),
         }
 
     @classmethod
@@ -251,6 +337,8 @@ class Plan:
                 notes=tuple(data.get("notes", ())),
                 guards=tuple(Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])),
                 weight_sets=_weight_sets_from_json(data.get("weight_sets")),
+                cfg_parallel=(CfgParallel.from_json(data["cfg_parallel"])
+                              if data.get("cfg_parallel") is not None else None),
             )
         except PlanError:
             raise

@@ -194,10 +194,11 @@ def axis_sets(axes: tuple[str, ...]) -> list[tuple[str, ...]]:
 
 
 def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int = 1,
-               values: Optional[dict] = None) -> tuple[list[Strategy], list[str]]:
+               values: Optional[dict] = None, exclude: tuple[str, ...] = ()) -> tuple[list[Strategy], list[str]]:
     """Legal strategies of a macro, and the reasons the excluded ones were excluded. With symbolic
-    tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it)."""
-    axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1)
+    tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it).
+    Axes in `exclude` (the CFG batch split) are used by no strategy."""
+    axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1 and a not in exclude)
     out: list[Strategy] = []
     why: list[str] = []
     sigmas = axis_sets(axes) if macro.in_block else [()]

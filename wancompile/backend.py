@@ -45,7 +45,7 @@ def last_program():
 def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any) -> Callable:
     opts = Options.from_user(options)
     _start_runtime(opts)
-    from wancompile.lowering import ShardedProgram, mesh_spec_of, xla_mesh
+    from wancompile.lowering import ShardedProgram, mesh_for_plan, mesh_spec_of, xla_mesh
 
     mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model")))
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
@@ -66,7 +66,7 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
         _dump(opts.dump_dir, graph, plan)
 
     def lower(plan: Plan):
-        program = ShardedProgram(gm, graph, plan, mesh_obj)
+        program = ShardedProgram(gm, graph, plan, mesh_for_plan(mesh_obj, plan.mesh))  # CFG split: 3-D view
         program.verification = None
         _RECENT.append(program)
         del _RECENT[:-8]
@@ -140,13 +140,14 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
         return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or default_hardware(mesh))
     if opts.plan is not None:
         plan = load_plan(opts.plan)
-        if plan.mesh.shape != mesh.shape:
+        if plan.user_mesh.shape != mesh.shape:
             raise PlanError(
-                f"plan {opts.plan} was made for mesh {plan.mesh} but this compile uses mesh {mesh}; "
-                f"pass mesh={str(plan.mesh)!r} or re-plan for {mesh}"
+                f"plan {opts.plan} was made for mesh {plan.user_mesh} but this compile uses mesh {mesh}; "
+                f"pass mesh={str(plan.user_mesh)!r} or re-plan for {mesh}"
             )
-        if plan.mesh.axis_names != mesh.axis_names:
-            raise PlanError(f"plan {opts.plan} names mesh axes {plan.mesh.axis_names}, this mesh has {mesh.axis_names}")
+        if plan.user_mesh.axis_names != mesh.axis_names:
+            raise PlanError(f"plan {opts.plan} names mesh axes {plan.user_mesh.axis_names}, "
+                            f"this mesh has {mesh.axis_names}")
         if plan.weight_sets is not None and plan.weight_sets < opts.weight_sets:
             log.warning("wan_autoshard: plan %s was budgeted for %d resident weight set(s) but weight_sets=%d; it may not "
                         "fit device memory. Re-plan with weight_sets=%d (drop the `plan` option).",
@@ -178,15 +179,18 @@ def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
 def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
     """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
     graph, the DiT planner's for a Wan DiT graph, else replicated (logged)."""
-    from planner import plan_graph
+    from planner.cfg import plan_dit
     from planner.vae_plan import is_vae_graph, plan_vae
 
     if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
+        if opts.cfg_parallel == "on":
+            log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
         return plan_vae(graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model)
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)
-        return plan_graph(graph, mesh, hardware, memory_gb=opts.memory_gb, model=graph.model, values=values or None,
-                          weight_copies=opts.weight_sets)
+        # A batch-2 graph (the CFG pair as one forward) gets the costed CFG-parallel choice (planner.cfg).
+        return plan_dit(graph, mesh, hardware, cfg_parallel=opts.cfg_parallel, memory_gb=opts.memory_gb,
+                        model=graph.model, values=values or None, weight_copies=opts.weight_sets)
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
 

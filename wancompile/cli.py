@@ -43,6 +43,12 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     plan.add_argument("--capture-blocks", type=int, default=2)
     plan.add_argument("--time-limit", type=float, default=5.0, help="solver time limit, seconds")
+    plan.add_argument("--batch", type=int, default=1,
+                      help="batch of the planned forward; 2 = a denoising step's CFG pair as one forward "
+                           "(cond + uncond)")
+    plan.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto",
+                      help="batch-2 graphs: split the batch over half the mesh each (on), never (off), or as the cost "
+                           "model decides (auto, default); every option is priced and written to the plan")
     plan.add_argument("--hand", choices=["tt-xla"], default=None,
                       help="write the tt-xla hand plan (seed 000) instead of solving, priced by the same cost model")
 
@@ -82,11 +88,12 @@ def plan_command(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype)
         num_layers = spec.transformer["num_layers"]
         module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
-        inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype)
+        inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype,
+                                    batch=args.batch)
         graph, _ = capture_module(module, **inputs, return_dict=False, model=args.model)
     log.info("captured %s", graph.summary())
 
-    from planner import plan_graph
+    from planner.cfg import plan_dit
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
 
@@ -103,8 +110,9 @@ def plan_command(args: argparse.Namespace) -> int:
                 plan = plan.with_(hardware=args.hardware, predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers,
                                                                               weight_copies=experts))
             else:
-                plan = plan_graph(graph, mesh, args.hardware, memory_gb=args.memory_gb, num_blocks=num_layers,
-                                  weight_copies=experts, time_limit_s=args.time_limit, model=args.model)
+                plan = plan_dit(graph, mesh, args.hardware, cfg_parallel=args.cfg_parallel, memory_gb=args.memory_gb,
+                                num_blocks=num_layers, weight_copies=experts, time_limit_s=args.time_limit,
+                                model=args.model)
     except PlanError as e:
         print(f"wancompile plan: {e}", file=sys.stderr)
         return 2
@@ -124,6 +132,11 @@ def plan_command(args: argparse.Namespace) -> int:
     print(f"  memory per device: {p.memory_bytes_per_device / 1e9:.2f} GB")
     print(f"  solver: {plan.solver.status}, {plan.solver.seconds:.3f} s solving, gap {plan.solver.gap:.2%}; "
           f"capture {progress.times.get(next(iter(progress.times)), 0):.2f} s")
+    if plan.cfg_parallel is not None:
+        c = plan.cfg_parallel
+        print(f"  CFG parallel ({c.mode}): chosen {c.chosen}; " + "; ".join(
+            f"{o.name} {o.step_seconds * 1e3:.1f} ms/step, {o.memory_bytes_per_device / 1e9:.2f} GB/device"
+            if o.feasible else f"{o.name}: no plan" for o in c.options))
     for d in plan.decisions:
         print(f"  {d.node}: {d.strategy}" + (f"  (next best: {d.rejected})" if d.rejected else ""))
     for n in plan.notes[2:]:

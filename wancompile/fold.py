@@ -83,6 +83,11 @@ _BROADCASTS = {"expand", "expand_as", "broadcast_to", "repeat", "tile", "repeat_
 _TRANSFERS = {"cpu", "cuda", "numpy", "tolist", "item", "pin_memory"}
 
 
+def moves_to_host(node: fx.Node) -> bool:
+    """Does this FX node copy a value off the XLA device (``.cpu()``, ``.item()``, ``.to(<device>)``, ...)?"""
+    return node.op in ("call_method", "call_function") and (_name(node) in _TRANSFERS or _moves_device(node))
+
+
 def _moves_device(node: fx.Node) -> bool:
     if node.op == "call_method" and node.target in ("to", "type"):
         return "device" in node.kwargs or any(isinstance(a, (torch.device, str)) for a in node.args[1:])

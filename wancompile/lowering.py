@@ -11,8 +11,9 @@ their reads: docs/numerics.md), compiles the traced graph and records its hash a
 inputs comes from (a call argument, or a constant the trace made, such as a scalar). Every later call
 with that signature hands the arguments straight to ``torch_xla._XLAC._run_cached_graph`` — the
 mechanism torch_xla's dynamo bridge replays with — with no FX interpretation and no IR building.
-A graph that mutates an input, draws random numbers or returns an input unchanged is not replayed
-(the trace is re-run per call, as before; ``Replay.refused`` says why).
+A graph that mutates an input, draws random numbers, copies a device value to the host mid-program
+(its value would come back as a constant frozen into the replay) or returns an input unchanged is
+not replayed: it is traced per call, and ``ShardedProgram.not_replayed`` says why.
 
 Why not torch_xla's dynamo bridge itself (the ``openxla_eval`` backend): it re-sorts the FX graph by
 data edges (the RoPE write-order bug), and with SPMD and an in-graph constraint that reshards (the
@@ -54,6 +55,20 @@ def xla_mesh(spec: MeshSpec):
             f"multiply to {n}, or start the process with PJRT_DEVICE=CPU CPU_NUM_DEVICES={spec.size} (virtual CPU devices)."
         )
     return xs.Mesh(np.arange(spec.size), spec.shape, spec.axis_names)
+
+
+def mesh_for_plan(mesh: Any, spec: MeshSpec):
+    """The torch_xla Mesh whose axes a plan's specs name: `mesh` itself, or for a CFG-split plan (whose
+    mesh refines the user's, planner.cfg.split_mesh) the same devices in the same row-major order,
+    reshaped to the plan's shape and axis names."""
+    import torch_xla.distributed.spmd as xs
+
+    if tuple(int(n) for n in mesh.mesh_shape) == spec.shape and tuple(mesh.axis_names) == spec.axis_names:
+        return mesh
+    ids = np.asarray(mesh.device_ids).reshape(-1)
+    if ids.size != spec.size:
+        raise PlanError(f"plan mesh {spec} {spec.axis_names} has {spec.size} devices, the compile's mesh {ids.size}")
+    return xs.Mesh(ids, spec.shape, spec.axis_names)
 
 
 def mesh_spec_of(mesh: Any) -> MeshSpec:
@@ -104,23 +119,32 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
 
 
 class ParamCache:
-    """XLA copies of host parameters, made (and sharded) once per tensor version."""
+    """Parameters as the program reads them, prepared once per tensor version: an XLA copy of a host
+    parameter (made and sharded on first use), or an XLA parameter checked to carry a sharding. Keyed
+    by identity and ``_version``, so a per-call hit is a dict lookup (a 40-block DiT has ~1,000)."""
 
     def __init__(self) -> None:
-        self._copies: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
+        # id -> (weak ref to the caller's tensor, its version, the XLA copy or None for "use it as is")
+        self._copies: dict[int, tuple[weakref.ref, int, Optional[torch.Tensor]]] = {}
 
-    def get(self, t: torch.Tensor, device: torch.device, shard: Callable[[torch.Tensor], None]) -> torch.Tensor:
-        key = id(t)
-        hit = self._copies.get(key)
+    def get(self, t: torch.Tensor, prepare: Callable[[torch.Tensor], Optional[torch.Tensor]]) -> torch.Tensor:
+        hit = self._copies.get(id(t))
         if hit is not None and hit[0]() is t and hit[1] == t._version:
-            return hit[2]
-        x = t.detach().to(device)
-        shard(x)
-        self._copies[key] = (weakref.ref(t), t._version, x)
+            return t if hit[2] is None else hit[2]
+        x = prepare(t)
+        self._copies[id(t)] = (weakref.ref(t), t._version, None if x is t else x)
         return x
 
 
 _TENSOR = object()  # marks a tensor output leaf in `Replay.leaves`
+
+
+def _host_reads() -> int:
+    """Device-to-host transfers so far in this process (torch_xla's metric)."""
+    import torch_xla.debug.metrics as met
+
+    data = met.metric_data("TransferFromDeviceTime")
+    return data[0] if data else 0
 
 
 class Replay:
@@ -137,11 +161,11 @@ class Replay:
         self.leaves, self.treespec = leaves, treespec  # output leaves, _TENSOR where a tensor goes
         self.runs = 0
 
-    refused: Optional[str] = None  # set on a trace that cannot be replayed: why
-
     @classmethod
-    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device) -> tuple[Optional["Replay"], Any, str]:
-        """(replay or None, this call's output, why not replayable or "")."""
+    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device, refuse: str = ""
+              ) -> tuple[Optional["Replay"], Any, str, list[int]]:
+        """(replay or None, this call's output, why not replayable or "", positions of the arguments
+        the graph wrote into); `refuse`: a reason known beforehand not to replay."""
         import torch.utils._pytree as pytree
         import torch_xla
 
@@ -150,21 +174,29 @@ class Replay:
         if any(C._check_tensor_need_materialization([a for _, a in tensor_args])):
             C._xla_sync_multi([a for _, a in tensor_args], devices=[], wait=True, sync_xla_data=True)
         arg_of = {C._xla_get_tensor_id(a): i for i, a in tensor_args}
+        host_reads = _host_reads()
         out = fn(*args)
+        host_reads = _host_reads() - host_reads
         leaves, treespec = pytree.tree_flatten(out)
         outs = [t for t in leaves if isinstance(t, torch.Tensor)]
-        why = ""
-        if any(C._check_tensor_need_materialization([a for _, a in tensor_args])):
+        written = C._check_tensor_need_materialization([a for _, a in tensor_args])
+        mutated = [i for (i, _), w in zip(tensor_args, written) if w]
+        why = refuse
+        if why:
+            pass
+        elif mutated:
             why = "the graph writes into one of its inputs"
+        elif host_reads:
+            why = "the graph copies a device value to the host mid-program (a replay would freeze it)"
         elif not all(C._check_tensor_need_materialization(outs)):
             why = "the graph returns an input (or a constant) unchanged"
         if why:
             torch_xla.sync()
-            return None, out, why
+            return None, out, why, mutated
         ids, values = C._get_tensors_xla_device_data_node(outs)
         if C._get_seed_info_id() in ids:
             torch_xla.sync()
-            return None, out, "the graph draws random numbers (its seed must advance per call)"
+            return None, out, "the graph draws random numbers (its seed must advance per call)", []
         sources = [arg_of.get(i) for i in ids]
         constants = [None if src is not None else v for src, v in zip(sources, values)]
         graph_hash = C._get_graph_hash(outs)
@@ -172,7 +204,7 @@ class Replay:
         C._clear_pending_irs(str(device))
         replay = cls(graph_hash, sources, constants,
                      [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves], treespec)
-        return replay, replay(args), ""
+        return replay, replay(args), "", []
 
     def __call__(self, args: Sequence[Any]) -> Any:
         import torch.utils._pytree as pytree
@@ -199,7 +231,7 @@ class ShardedProgram:
                  fold: Optional[bool] = None) -> None:
         import torch_xla
 
-        from wancompile.fold import FoldedValues, split_parameter_subgraphs
+        from wancompile.fold import FoldedValues, moves_to_host, split_parameter_subgraphs
 
         self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
         self.hlo_path = self.fold_hlo_path = None
@@ -209,6 +241,8 @@ class ShardedProgram:
         self._params = [n.param for n in placeholders]
         self._input_specs = self._placeholder_specs(placeholders)
         self._cache = ParamCache()
+        self._preparers = [self._preparer(spec) for spec in self._input_specs]
+        self._inputs = [i for i, param in enumerate(self._params) if param is None]
         self._replays: dict[tuple, Replay] = {}
         self.traces = 0  # how many times the FX graph was traced (once per input signature when replayed)
         self.not_replayed: Optional[str] = None  # why the last trace could not be replayed
@@ -217,6 +251,9 @@ class ShardedProgram:
         if split is not None:
             self.fold = FoldedValues(split)
             self.lowered = split.main
+        moves = [n.name for n in self.lowered.graph.nodes if moves_to_host(n)]
+        self._host_moves = (f"the graph copies values to the host mid-program ({', '.join(moves)}): a replay "
+                            "would freeze them") if moves else None
         # per argument of the lowered program: its parameter name, None for inputs (folded values are
         # functions of parameters)
         self._signature_params = self._params + (["<folded>"] * len(self.fold.split.folded) if self.fold else [])
@@ -239,21 +276,31 @@ class ShardedProgram:
     def to_device(self, args: Sequence[Any], needed: Optional[Sequence[bool]] = None) -> list[Any]:
         """The arguments on the device, parameters sharded and cached; where `needed` is False the
         argument is left as it is (a parameter only the fold program reads is not kept on device)."""
-        out = []
-        for i, (a, param, spec) in enumerate(zip(args, self._params, self._input_specs)):
+        out = list(args)
+        for i, a in enumerate(args):
             if not isinstance(a, torch.Tensor) or (needed is not None and not needed[i]):
-                out.append(a)
-            elif a.device.type == "xla":
-                if param is not None and spec is not None:
-                    self._ensure_sharded(a, spec)
-                out.append(a)
-            elif param is not None:
-                out.append(self._cache.get(a, self.device, self._mark(spec)))
+                continue
+            if self._params[i] is not None:
+                out[i] = self._cache.get(a, self._preparers[i])
             else:
-                x = a.detach().to(self.device)
-                self._mark(spec)(x)
-                out.append(x)
+                out[i] = self._preparers[i](a)
         return out
+
+    def _preparer(self, spec: Optional[PartitionSpec]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """Argument -> the XLA tensor the program reads: a host tensor copied and sharded as `spec`
+        says, an XLA tensor given the sharding when it has none."""
+        mark = self._mark(spec)
+
+        def prepare(a: torch.Tensor) -> torch.Tensor:
+            if a.device.type == "xla":
+                if spec is not None:
+                    self._ensure_sharded(a, spec)
+                return a
+            x = a.detach().to(self.device)
+            mark(x)
+            return x
+
+        return prepare
 
     def _ensure_sharded(self, x: torch.Tensor, spec: PartitionSpec) -> None:
         import torch_xla
@@ -264,24 +311,30 @@ class ShardedProgram:
     def __call__(self, *args: Any) -> Any:
         from wancompile import hlo, runtime
 
-        host = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type != "xla"), None)
+        host = next((args[i].device for i in self._inputs
+                     if isinstance(args[i], torch.Tensor) and args[i].device.type != "xla"), None)
         xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
         if self.fold is not None:
             xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
             xla_args += self._folded(args, xla_args)
         signature = self._signature(xla_args)
-        replay = self._replays.get(signature)
+        replay = self._replays.get(signature) if self._host_moves is None else None
         if replay is not None:
             out = replay(xla_args)
         else:
             dump = runtime.current_dump_dir() if self.hlo_path is None else None
             before = hlo.dump_state(dump) if dump else {}
-            replay, out, why = Replay.trace(self.lowered, xla_args, self.device)
+            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device,
+                                                     refuse=self._host_moves or "")
             self.traces += 1
             if replay is not None:
                 self._replays[signature] = replay
             else:
                 self.not_replayed = why
+            for i in mutated:  # in-place writes into host arguments land where the caller sees them
+                if args[i].device.type != "xla":
+                    with torch.no_grad():
+                        args[i].copy_(xla_args[i].to(args[i].device))
             if dump:
                 key = self._program_key(xla_args)
                 new = hlo.new_modules(dump, before)

@@ -46,6 +46,8 @@ class Options:
     rewrites: tuple[str, ...] = ()
     # Weight sets resident per device that the memory budget must hold (2 for both Wan 2.2 A14B experts).
     weight_sets: int = 1
+    # CFG parallel for batch-2 DiT graphs (planner.cfg): "auto" (the cost model decides), "on", "off".
+    cfg_parallel: str = "auto"
 
     @classmethod
     def from_user(cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> "Options":
@@ -66,7 +68,7 @@ class Options:
 
 
 _KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites",
-                    "weight_sets"})
+                    "weight_sets", "cfg_parallel"})
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -134,7 +136,18 @@ def _parse(raw: dict[str, Any]) -> Options:
         verify=verify,
         rewrites=_parse_rewrites(raw.get("rewrites", "none")),
         weight_sets=int(weight_sets),
+        cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
     )
+
+
+def _parse_cfg(value: Any) -> str:
+    from planner.cfg import normalize_mode
+    from planner.plan import PlanError
+
+    try:
+        return normalize_mode(value)
+    except PlanError:
+        raise OptionsError(f"option 'cfg_parallel' must be 'auto', 'on'/True or 'off'/False, got {value!r}") from None
 
 
 def _default_names(ndim: int) -> tuple[str, ...]:

@@ -37,6 +37,8 @@ def explain(rep: Report, what: str) -> str:
     plan = rep.plan
     lines: list[str] = []
 
+    if g.replace("_", "-") in ("cfg", "cfg-parallel") and plan.cfg_parallel is not None:
+        return _explain_cfg(plan.cfg_parallel)
     views = {v.key: v for v in rep.decisions()}
     key = re.sub(r"^blocks\.\*\.", "", re.sub(r"\s*\(x\d+\)$", "", g))
     if key in views:
@@ -84,6 +86,23 @@ def explain(rep: Report, what: str) -> str:
     near = sorted({v.key for v in views.values()} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
     close = [x for x in near if key.split(".")[-1] in x][:8] or near[:8]
     raise PlanError(f"plan {rep.source or ''} has no decision, parameter, module or op named {what!r}; try one of: {', '.join(close)}")
+
+
+def _explain_cfg(c) -> str:
+    base = c.base_mesh
+    lines = [f"cfg-parallel: {c.chosen} (mode {c.mode}; batch {c.batch} on mesh {base} {base.axis_names})"]
+    for o in c.options:
+        mark = " *" if o.name == c.chosen else ""
+        if o.feasible:
+            lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: {ms(o.step_seconds)} ms per step = compute "
+                         f"{ms(o.compute_seconds)} + comm {ms(o.comm_seconds)}; "
+                         f"{o.memory_bytes_per_device / 1e9:.4g} GB/device{mark}")
+        else:
+            lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: no plan — {o.reason}{mark}")
+    if c.split:
+        lines.append(f"  the plan's mesh is {c.option(c.chosen).mesh}: {c.axis!r} splits dim 0 of every "
+                     "batch-carrying value, parameters are replicated over it")
+    return "\n".join(lines)
 
 
 def _coll(r: dict) -> str:

@@ -46,6 +46,12 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
     if pr.memory_bytes_per_device:
         cap = f" of {float(hw.dram_bytes) / 1e9:.0f} GB ({100 * pr.memory_bytes_per_device / float(hw.dram_bytes):.1f} %)" if hw else ""
         rows.append(("memory per device", f"{pr.memory_bytes_per_device / 1e9:.4g} GB{cap}: weights + 3× the largest live activation set"))
+    c = p.cfg_parallel
+    if c is not None:
+        how = (f": {c.axis!r} splits the batch, one branch per half of the mesh" if c.split
+               else ": both branches on the whole mesh")
+        rows.append(("CFG parallel", f"{c.chosen} ({c.mode}) for the batch-{c.batch} CFG pair on mesh {c.base_mesh}"
+                     + how))
     rows.append(("parallelism", rep.parallelism()))
     bill = rep.bill()
     rows.append(("collectives per block", f"{bill.headline()} ({bill.breakdown()})" if bill.entries else "none"))
@@ -59,6 +65,9 @@ def render_markdown(rep: Report) -> str:
     lines = [f"# Sharding plan: {p.model} on {p.mesh} ({', '.join(p.mesh.axis_names)})", ""]
     lines += _table(("plan", "value"), header_rows(rep))
     n = rep.num_blocks
+
+    if p.cfg_parallel is not None:
+        lines += ["", "## CFG parallel", ""] + cfg_lines(p.cfg_parallel)
 
     views = rep.decisions()
     if views:
@@ -111,6 +120,21 @@ def render_markdown(rep: Report) -> str:
     while "\n\n\n" in text:
         text = text.replace("\n\n\n", "\n\n")
     return text
+
+
+def cfg_lines(c) -> list[str]:
+    """The CFG-parallel options of a batch-2 plan (planner.cfg), one row each, from the typed record."""
+    def gb(o):
+        return f"{o.memory_bytes_per_device / 1e9:.4g}" if o.memory_bytes_per_device is not None else "—"
+
+    out = [f"Mode `{c.mode}`; per denoising step = one batch-{c.batch} forward (cond + uncond). `split(AXIS)`: "
+           f"mesh axis AXIS halved, the major half named `{c.axis}` splits the batch; each half runs one branch's plan "
+           "on its submesh.", ""]
+    out += _table(("option", "mesh", "ms per step", "compute ms", "comm ms", "GB/device", "chosen", "why not / note"),
+                  ((f"`{o.name}`", f"{o.mesh} ({', '.join(o.mesh.axis_names)})", ms(o.step_seconds),
+                    ms(o.compute_seconds), ms(o.comm_seconds), gb(o), "**yes**" if o.name == c.chosen else "",
+                    o.reason or "—") for o in c.options))
+    return out
 
 
 def _op_table(rows: list[dict]) -> list[str]:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from planner.cfg import plan_profile
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import entry_axes
 from planner.plan import Collective, Decision, Plan, PlanError
@@ -156,7 +157,7 @@ class Report:
         if self._hw is None:
             name = self.plan.hardware or (self.trace or {}).get("hardware", "")
             try:
-                self._hw = get_profile(name) if name else None
+                self._hw = plan_profile(self.plan, get_profile(name)) if name else None
             except ValueError:
                 self._hw = None
         return self._hw

@@ -23,6 +23,7 @@ import re
 from typing import Any, Optional
 
 from planner.graph import Graph, Node, TensorMeta
+from planner.cfg import plan_profile
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import MeshSpec, format_spec
 from planner.placements import Layout
@@ -56,6 +57,7 @@ def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None 
                num_blocks: Optional[int] = None) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     st = find_structure(graph)
     n_blocks = num_blocks or _block_count(plan) or st.captured_blocks
     mesh = plan.mesh
@@ -64,6 +66,7 @@ def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None 
     constraint_spec = {by_loc[a.location].name: a.spec for a in plan.activations if a.location in by_loc}
     layouts: dict[str, tuple[Layout, ...]] = {p.name: (Layout.from_spec(plan.params[p.param]),)
                                               for p in graph.params() if p.param in plan.params}
+    layouts.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})  # split inputs
     block_root = _block_root(graph)
     macro_of = {x: m.name for m in st.block_macros for x in m.nodes}
     root_macro_of = {x: m.name for m in st.root_macros for x in m.nodes}

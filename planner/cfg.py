@@ -1,0 +1,199 @@
+"""CFG parallel, costed: run a denoising step's classifier-free-guidance pair, given as one batch-2 DiT
+forward (cond and uncond concatenated on the batch), either on the whole mesh or split over it.
+
+Options for a graph of batch B = 2·k on a mesh (a, b) with axes ("batch", "model"):
+
+- ``off``: the batch-2 graph planned on the whole mesh (`planner.autoplan.plan_graph`) — about two
+  sequential forwards' work, each collective carrying both branches.
+- ``split(AXIS)`` for a mesh axis of even size n (which axes: below): the axis is halved into a major ``cfg`` axis
+  of 2 and a minor axis of n/2 under the old name — device ids stay row-major, so the split mesh is
+  a refinement of the user's: (a, b) -> (2, a/2, b) with axes ("cfg", "batch", "model") for AXIS =
+  "batch", (a, 2, b/2) with ("batch", "cfg", "model") for AXIS = "model". Every batch-carrying value
+  (the model inputs whose dim 0 is the batch, and whatever the op rules carry that split to) gets
+  ``cfg`` major on dim 0; no macro strategy may use ``cfg``; parameters are replicated over it. So
+  each half of the mesh runs one branch's plan on its (a/2, b) submesh: the same ILP, priced by the
+  same op rules on per-device shapes of batch k, weights held over half as many devices (memory).
+
+Which axis is halved by default: the major-most axis of size > 1 (2x4 and 8x4: ``batch``; 1x8:
+``model``), so ``cfg`` is the major-most split of the device grid. Only that form is checked against
+the compiled HLO on every mesh tried (tests/test_cfg_fidelity.py); with ``cfg`` between two split axes
+(8x4 halved on ``model`` -> 8x2x2 ``(batch, cfg, model)``, a head-TP + SP + FSDP plan per branch) GSPMD
+all-gathered 10 FSDP weights over (batch, model) instead of batch only — numerics exact, collectives
+not the plan's — so other axes are tried only when asked (``cfg_axes``), their cost then optimistic.
+
+The step cost of each option is its plan's predicted time (compute + comm, one batch-2 forward =
+one step); the cheapest feasible option wins under ``auto`` (ties: ``off``). ``on`` takes the best
+split, ``off`` the unsplit plan; either way every option is priced and recorded (`CfgParallel` in
+the plan: name, mesh, ms per step, memory per device, or why no plan exists) with a `Decision`
+``cfg-parallel`` that the dumps and ``wancompile explain`` show.
+
+Topology of a split axis (`split_profile`): the minor half of a ring or line axis is a contiguous
+segment of it — a line (no wraparound) with the parent's links; a switch stays a switch; the
+``cfg`` axis (devices n/2 apart) is priced as a line of the parent's links (a correct plan puts no
+collective on it: the branches never exchange data inside a forward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Optional, Union
+
+from planner.graph import Graph
+from planner.hardware import HardwareProfile, get_profile
+from planner.mesh import MeshSpec
+from planner.plan import BudgetError, CfgOption, CfgParallel, Decision, Plan, PlanError
+from planner.strategies import find_structure
+
+CFG_AXIS = "cfg"
+MODES = ("auto", "on", "off")
+
+
+class CfgInfeasible(PlanError):
+    """No allowed CFG option has a plan; ``options`` holds every option as priced (with its reason)."""
+
+    def __init__(self, message: str, options: tuple[CfgOption, ...]) -> None:
+        super().__init__(message)
+        self.options = options
+
+
+def normalize_mode(value: Union[str, bool, None]) -> str:
+    """``auto`` / ``on`` / ``off`` from a mode name or a boolean (None = auto)."""
+    if value is None:
+        return "auto"
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    text = str(value).strip().lower()
+    aliases = {"auto": "auto", "on": "on", "true": "on", "1": "on", "yes": "on",
+               "off": "off", "false": "off", "0": "off", "no": "off"}
+    if text not in aliases:
+        raise PlanError(f"cfg_parallel must be auto, on (true) or off (false); got {value!r}")
+    return aliases[text]
+
+
+def batch_size(graph: Graph):
+    """The batch of a DiT graph: dim 0 of the token stream entering the block stack."""
+    return graph[find_structure(graph).entry].out.shape[0]
+
+
+def split_mesh(mesh: MeshSpec, axis: str) -> MeshSpec:
+    """`mesh` with `axis` (of even size n) halved: a major ``cfg`` axis of 2, then `axis` of n/2."""
+    i = mesh.axis_index(axis)
+    n = mesh.shape[i]
+    if n % 2:
+        raise PlanError(f"cannot split mesh axis {axis!r} of size {n} of mesh {mesh} in two for CFG parallel")
+    if CFG_AXIS in mesh.axis_names:
+        raise PlanError(f"mesh {mesh} {mesh.axis_names} already has an axis named {CFG_AXIS!r}")
+    return MeshSpec(mesh.shape[:i] + (2, n // 2) + mesh.shape[i + 1:],
+                    mesh.axis_names[:i] + (CFG_AXIS, axis) + mesh.axis_names[i + 1:])
+
+
+def split_profile(hw: HardwareProfile, mesh: MeshSpec, axis: str) -> HardwareProfile:
+    """The profile's links for `split_mesh(mesh, axis)` (module docstring: segments are lines)."""
+    i = mesh.axis_index(axis)
+    links = [hw.axis(j, n) for j, n in enumerate(mesh.shape)]
+    parent = links[i]
+    segment = parent if parent.topology == "switch" else replace(
+        parent, topology="line", note=f"contiguous half of {parent.topology} axis {axis!r}: a line")
+    cfg = replace(parent, topology="line" if parent.topology != "switch" else "switch",
+                  note=f"the two halves of axis {axis!r} (no collective expected on it)")
+    split = split_mesh(mesh, axis)
+    return replace(hw, mesh_shape=split.shape, axes=tuple(links[:i] + [cfg, segment] + links[i + 1:]))
+
+
+def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
+    """The profile a plan was priced with: `hw` itself, or its split form for a CFG-split plan."""
+    c = plan.cfg_parallel
+    if c is None or not c.split:
+        return hw
+    return split_profile(hw, c.base_mesh, c.option(c.chosen).split_axis)
+
+
+def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile] = "wh-loudbox", *,
+             cfg_parallel: Union[str, bool, None] = "auto", cfg_axes: Optional[tuple[str, ...]] = None,
+             **kwargs: Any) -> Plan:
+    """Plan a DiT graph with the CFG-parallel choice (module docstring); `kwargs` go to `plan_graph`.
+    `cfg_axes`: the mesh axes that may be halved (default: the major-most axis of size > 1, see the module
+    docstring); among several, the cost picks.
+
+    A graph whose batch is not even has no CFG pair to split: ``auto``/``off`` plan it as usual (no
+    record), ``on`` raises. ``on`` on a mesh with no even axis, or where no split plan fits memory,
+    raises too, naming why.
+    """
+    from planner.autoplan import plan_graph
+
+    mode = normalize_mode(cfg_parallel)
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    batch = batch_size(graph)
+    if not isinstance(batch, int) or batch % 2:
+        if mode == "on":
+            raise PlanError(
+                f"cfg_parallel=on needs the CFG pair as one forward of even batch (cond and uncond concatenated); "
+                f"this graph's batch is {batch}. Call the transformer with batch 2, or use cfg_parallel=auto/off")
+        return plan_graph(graph, mesh, hw, **kwargs)
+    for a in cfg_axes or ():
+        mesh.axis_index(a)
+    if cfg_axes is None:
+        cfg_axes = tuple(a for a, n in zip(mesh.axis_names, mesh.shape) if n > 1)[:1]
+    axes = [a for a, n in zip(mesh.axis_names, mesh.shape) if n % 2 == 0 and a in cfg_axes]
+    if mode == "on" and not axes:
+        raise PlanError(f"cfg_parallel=on: mesh {mesh} {mesh.axis_names} has no axis to split in two among "
+                        f"{list(cfg_axes) or 'its axes of size > 1'} (the major-most axis of size > 1 must be even; "
+                        "pass cfg_axes to try others); use another mesh, or cfg_parallel=auto/off")
+    plans: dict[str, Plan] = {}
+    options = [_option("off", mesh, None, lambda: plan_graph(graph, mesh, hw, **kwargs), plans)]
+    for axis in axes:
+        split = split_mesh(mesh, axis)
+        options.append(_option(f"split({axis})", split, axis,
+                               lambda s=split, a=axis: plan_graph(graph, s, split_profile(hw, mesh, a),
+                                                                  batch_axes=(CFG_AXIS,), **kwargs), plans))
+    domain = [o for o in options if mode == "auto" or (mode == "on") == (o.split_axis is not None)]
+    allowed = [o for o in domain if o.feasible]
+    if not allowed:
+        why = "; ".join(f"{o.name}: {o.reason}" for o in domain)
+        raise CfgInfeasible(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"), tuple(options))
+    best = min(allowed, key=lambda o: (o.step_seconds, o.split_axis is not None))
+    record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
+    plan = plans[best.name]
+    return plan.with_(cfg_parallel=record, decisions=(_decision(record, best),) + plan.decisions,
+                      notes=plan.notes + (_note(record, best),))
+
+
+def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -> CfgOption:
+    try:
+        plan = make()
+    except PlanError as e:
+        need = e.need_bytes if isinstance(e, BudgetError) else None
+        return CfgOption(name, mesh, axis, reason=str(e), memory_needed_bytes=need)
+    plans[name] = plan
+    p = plan.predicted
+    return CfgOption(name, mesh, axis, p.step_seconds, p.compute_seconds, p.comm_seconds, p.memory_bytes_per_device)
+
+
+def _describe(o: CfgOption) -> str:
+    if not o.feasible:
+        return f"{o.name} on {o.mesh} {o.mesh.axis_names}: no plan ({o.reason})"
+    return (f"{o.name} on {o.mesh} {o.mesh.axis_names}: {o.step_seconds * 1e3:.3f} ms/step (compute "
+            f"{o.compute_seconds * 1e3:.3f} + comm {o.comm_seconds * 1e3:.3f}), "
+            f"{o.memory_bytes_per_device / 1e9:.2f} GB/device")
+
+
+def _decision(record: CfgParallel, best: CfgOption) -> Decision:
+    rest = sorted((o for o in record.options if o.feasible and o.name != best.name), key=lambda o: o.step_seconds)
+    runner = rest[0] if rest else None
+    note = (f"mode {record.mode}; chosen " + _describe(best) + "; " + "; ".join(_describe(o) for o in record.options
+                                                                                  if o.name != best.name))
+    if record.mode != "auto" and runner is not None and runner.step_seconds < best.step_seconds:
+        note += (f"; forced by cfg_parallel={record.mode} ({runner.name} would be "
+                 f"{runner.step_seconds * 1e3:.3f} ms/step)")
+    return Decision("cfg-parallel", best.name, best.step_seconds, runner.name if runner else "",
+                    runner.step_seconds if runner else None, note)
+
+
+def _note(record: CfgParallel, best: CfgOption) -> str:
+    if best.split_axis is None:
+        return f"CFG parallel off: the batch-{record.batch} forward runs on the whole mesh {record.base_mesh}"
+    return (f"CFG parallel: mesh {record.base_mesh} split on {best.split_axis!r} into {best.mesh} "
+            f"{best.mesh.axis_names}; batch {record.batch} split over {record.axis!r} (one branch per half), "
+            "parameters replicated over it")
