@@ -351,7 +351,8 @@ class CFGBatched(torch.nn.Module):
         if (context == "cond" and negative is not None and not args and not kwargs
                 and negative.shape == encoder_hidden_states.shape):
             n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
-            out = self.inner(hidden_states=torch.cat([hidden_states, hidden_states]), timestep=torch.cat([timestep, timestep]),
+            out = self.inner(hidden_states=torch.cat([hidden_states, hidden_states]),
+                             timestep=torch.cat([timestep, timestep]),
                              encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
                              attention_kwargs=attention_kwargs, return_dict=False)[0]
             cond, uncond = out.chunk(2)
