@@ -92,7 +92,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|")
     for name in variants:
         step, decode = statistics.median(steps[name]), statistics.median(decodes[name])
-        print(f"| {name} | {step * 1e3:.1f} ms | {step / base:.2f} | {decode * 1e3:.1f} ms | {decode / base_decode:.2f} | "
+        print(f"| {name} | {step * 1e3:.1f} ms | {step / base:.2f} | {decode * 1e3:.1f} ms | "
+              f"{decode / base_decode:.2f} | "
               f"{warm[name]:.1f} s |")
 
 

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
     programs = state.programs()
     lat, fr = numerics(latents, ref_latents), numerics(frames, ref_frames)
     report = {
-        "mesh": list(mesh.shape), "steps": args.steps, "experts": len(state.transformers), "cfg_parallel": args.cfg_parallel,
+        "mesh": list(mesh.shape), "steps": args.steps, "experts": len(state.transformers),
+        "cfg_parallel": args.cfg_parallel,
         "latents": {"pcc": lat.pcc, "max_abs": lat.max_abs}, "frames": {"pcc": fr.pcc, "max_abs": fr.max_abs},
         "graphs_compiled": graphs1 - graphs0, "recompiles_second_call": recompiles,
         "fold_runs": programs[-1].fold.runs if programs and programs[-1].fold else 0,

@@ -131,6 +131,9 @@ def test_cfg_parallel_runs_the_guidance_pair_as_one_batch2_forward_with_the_same
     assert (cfg.batched, cfg.served, cfg.fallthrough) == (2 * STEPS, 2 * STEPS, 0)
     program = compilation(pipe).programs()[-1]  # the batch-2 program
     assert program.fold.runs == 2 and program.fold.cached_sets() == 2
+    # cfg_parallel=True: the backend's "on" (planner.cfg) splits the batch over a halved mesh axis
+    assert program.plan.cfg_parallel is not None and program.plan.cfg_parallel.mode == "on"
+    assert "cfg" in program.plan.mesh.axis_names and program.plan.weight_sets == 2
     _check(on, off, LATENTS_MAX_ABS)  # CFG batched vs two calls, both compiled
     _check(on, ref, LATENTS_MAX_ABS)
     _check(on_again, _run(wancompile.restore_pipeline(pipe), "latent", seed=3), LATENTS_MAX_ABS)

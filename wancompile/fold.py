@@ -19,7 +19,8 @@ syncs, and hands the results to every later call with the same parameters. It ke
 code (the two Wan 2.2 experts: dynamo passes parameters as inputs, so both run one graph) folds once
 per module, not on every switch. An entry goes when a parameter of its set is updated in place
 (newer ``_version``) or freed, and beyond `FoldedValues.max_sets` sets the least recently used one
-goes; each entry holds its folded values on the device (no more than the parameters they read). The fold program is its own SPMD computation:
+goes; each entry holds its folded values on the device (no more than the parameters they read).
+The fold program is its own SPMD computation:
 GSPMD propagates the input shardings through it to its outputs, which is what it does to the same
 ops in-graph (they sit upstream of everything else), so the main program sees the same shardings.
 

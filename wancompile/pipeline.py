@@ -15,9 +15,10 @@ What it does to `pipe` (everything else, and diffusers' denoising loop, stays as
 * ``pipe.vae.decode`` becomes the compiled full-T decode (`wancompile.enable_full_t`), chunked-T with
   ``vae=k``, or with ``vae="auto"`` full-T when the clip fits the memory budget and chunked-T with the
   chunk size `wancompile.vae.choose_t_chunk` picks otherwise (see `_BudgetedDecode`).
-* ``cfg_parallel=True`` wraps each transformer in `CFGBatched`: the classifier-free-guidance pair of one
-  step (diffusers' ``cache_context("cond")`` call, then ``cache_context("uncond")``) runs as one batch-2
-  forward; the uncond call gets its cached half back. The batch is placed on the mesh by the planner.
+* ``cfg_parallel=True`` (or "auto") wraps each transformer in `CFGBatched`: the classifier-free-guidance
+  pair of one step (diffusers' ``cache_context("cond")`` call, then ``cache_context("uncond")``) runs as
+  one batch-2 forward; the uncond call gets its cached half back. The backend's ``cfg_parallel`` option
+  ("on" / "auto", `planner.cfg`) places the batch on the mesh.
 
 Calling it again first restores what it changed (`restore_pipeline`), so it is safe to call twice or
 with other arguments. The pipe is returned; `compilation(pipe)` gives the `PipelineCompilation` record.
@@ -68,7 +69,7 @@ def compilation(pipe) -> Optional[PipelineCompilation]:
 
 
 def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, memory_gb: Optional[float] = None, *,
-                     vae: Optional[Union[str, int, bool]] = "auto", cfg_parallel: bool = False,
+                     vae: Optional[Union[str, int, bool]] = "auto", cfg_parallel: Union[bool, str] = False,
                      dump_dir: Optional[Union[str, Path]] = None, fullgraph: bool = True, **options: Any):
     """Compile `pipe`'s transformer(s) and VAE decode with ``backend="wan_autoshard"``; returns `pipe`.
 
@@ -78,7 +79,10 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
         vae: "auto" (full-T if it fits the memory budget, else chunked-T with the budget's chunk size),
             "full" (full-T), an int k (chunked-T, k latent frames per chunk), or None/False (leave the
             VAE alone).
-        cfg_parallel: run each step's cond + uncond forwards as one batch-2 forward (`CFGBatched`).
+        cfg_parallel: False/"off": two forwards per step, as diffusers runs them. True/"on": each step's
+            cond + uncond forwards as one batch-2 forward (`CFGBatched`) with the batch split over a mesh
+            axis (the backend's ``cfg_parallel="on"``, `planner.cfg`); "auto": batched, and the cost
+            model chooses between the split and the whole mesh (about two sequential forwards' work).
         dump_dir: decision dumps under ``dump_dir/transformer`` (the experts' shared graph) and
             ``dump_dir/vae``.
         fullgraph: passed to `torch.compile` for the transformers (the Wan DiT captures in one graph).
@@ -93,8 +97,15 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
     if not (vae in (None, "auto", "full") or (isinstance(vae, int) and not isinstance(vae, bool) and vae >= 1)):
         raise ValueError(f"compile_pipeline: vae must be 'auto', 'full', a positive int (latent frames per chunk) or "
                          f"None (leave the VAE alone), got {vae!r}")
-    if not isinstance(cfg_parallel, bool):
-        raise ValueError(f"compile_pipeline: cfg_parallel must be True or False, got {cfg_parallel!r}")
+    from planner.cfg import normalize_mode
+
+    try:  # True/"on": batch the pair and split it over a mesh axis; "auto": the cost model decides the split
+        cfg_mode = normalize_mode(cfg_parallel)
+    except ValueError:
+        raise ValueError(f"compile_pipeline: cfg_parallel must be True/'on', False/'off' or 'auto', "
+                         f"got {cfg_parallel!r}") from None
+    if "cfg_parallel" in options:
+        raise ValueError("compile_pipeline: pass cfg_parallel as compile_pipeline's own argument")
     if compilation(pipe) is not None:
         restore_pipeline(pipe)
 
@@ -106,22 +117,24 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
     Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
     from wancompile.backend import _RECENT
 
-    state = PipelineCompilation(options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_parallel,
+    state = PipelineCompilation(options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off",
                                 before=list(_RECENT))
     dump = Path(dump_dir) if dump_dir is not None else None
 
     # One options dict for every transformer: equal options let the experts share one compiled graph.
     dit_opts = dict(opts, weight_sets=opts.get("weight_sets", len(names)))
+    if cfg_mode != "off":
+        dit_opts["cfg_parallel"] = cfg_mode  # the batch-2 graph's split, costed by planner.cfg
     if dump is not None:
         dit_opts["dump_dir"] = str(dump / "transformer")
-    if cfg_parallel:
+    if state.cfg_parallel:
         state.cfg = _CFGState()
         _capture_negative_prompt(pipe, state.cfg)
     for name in names:
         module = getattr(pipe, name)
         state.originals[name] = module
         compiled = torch.compile(module, backend="wan_autoshard", options=dit_opts, fullgraph=fullgraph)
-        setattr(pipe, name, CFGBatched(compiled, module, state.cfg) if cfg_parallel else compiled)
+        setattr(pipe, name, CFGBatched(compiled, module, state.cfg) if state.cfg_parallel else compiled)
 
     if vae is not None:
         from wancompile.vae import installed_t_chunk, is_full_t_enabled
@@ -338,7 +351,8 @@ class CFGBatched(torch.nn.Module):
         if (context == "cond" and negative is not None and not args and not kwargs
                 and negative.shape == encoder_hidden_states.shape):
             n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
-            out = self.inner(hidden_states=torch.cat([hidden_states, hidden_states]), timestep=torch.cat([timestep, timestep]),
+            out = self.inner(hidden_states=torch.cat([hidden_states, hidden_states]),
+                             timestep=torch.cat([timestep, timestep]),
                              encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
                              attention_kwargs=attention_kwargs, return_dict=False)[0]
             cond, uncond = out.chunk(2)

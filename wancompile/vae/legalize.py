@@ -65,4 +65,3 @@ def _unpad_meta(node: fx.Node, pads: list) -> None:
                     node.meta[key] = old.new_empty(shape)
             else:
                 node.meta[key] = old.new_empty(shape)
-
