@@ -64,14 +64,16 @@ def test_decode_equals_streaming_decode(vaes, streaming, name, frames, t_chunk):
 @pytest.mark.parametrize("name", CONFIGS)
 def test_float64_decode_equals_streaming_to_rounding(vaes, streaming, name, t_chunk):
     # fp32 differences come from convs summing in another order over longer clips; in fp64 the
-    # frame rules alone decide, and a wrong one would show as an O(0.1) error
+    # frame rules alone decide, and a wrong one would show as an O(0.1) error. The bound is fp64
+    # rounding through ~30 convs in another summation order: 2.4e-11 seen on Wan 2.2 chunked-T with
+    # this torch build (the CPU conv picks its algorithm by shape, and chunks have other shapes).
     z, expected = streaming(name, 5, dtype=torch.float64)
     vae = vaes[name].double()
     try:
         out = decode_with(vae, z, t_chunk).sample
     finally:
         vae.float()
-    assert (out - expected).abs().max().item() <= 1e-12
+    assert (out - expected).abs().max().item() <= 1e-10
 
 
 @pytest.mark.parametrize("t_chunk", [None, 2], ids=["full-T", "k=2"])
