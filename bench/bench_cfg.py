@@ -33,8 +33,10 @@ def capture(resolution: str, batch: int, layers: int = 2):
 
 def _cell(o, hw) -> str:
     if o.feasible:
-        return (f"{o.step_seconds * 1e3:.0f} = {o.compute_seconds * 1e3:.0f} + {o.comm_seconds * 1e3:.0f} "
-                f"({o.memory_bytes_per_device / 1e9:.1f} GB)")
+        return (
+            f"{o.step_seconds * 1e3:.0f} = {o.compute_seconds * 1e3:.0f} + {o.comm_seconds * 1e3:.0f} "
+            f"({o.memory_bytes_per_device / 1e9:.1f} GB)"
+        )
     if o.memory_needed_bytes is not None:
         return f"no plan fits {float(hw.dram_bytes) / 1e9:.0f} GB (bound ≥ {o.memory_needed_bytes / 1e9:.1f})"
     return f"no plan: {o.reason}"
@@ -48,8 +50,10 @@ def main() -> None:
     from planner.plan import PlanError
 
     print("ms per denoising step = compute + comm (GB per device)\n")
-    print("| res | mesh | hardware | experts resident | 2× batch-1 fwd ms | off | split(batch) | split(model), on request "
-          "| chosen (auto) | off / chosen |")
+    print(
+        "| res | mesh | hardware | experts resident | 2× batch-1 fwd ms | off | split(batch) | split(model), on request "
+        "| chosen (auto) | off / chosen |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for res in ("480p", "720p"):
         g1, g2 = capture(res, 1), capture(res, 2)
@@ -68,8 +72,9 @@ def main() -> None:
                     options, chosen = e.options, "none fits"
                 by = {o.name: o for o in options}
                 try:  # cfg between batch and model: priced on request only (planner/cfg.py, not HLO-exact)
-                    extra = plan_dit(g2, mesh, hw, cfg_parallel="on", cfg_axes=("model",), num_blocks=40,
-                                     weight_copies=experts).cfg_parallel.options
+                    extra = plan_dit(
+                        g2, mesh, hw, cfg_parallel="on", cfg_axes=("model",), num_blocks=40, weight_copies=experts
+                    ).cfg_parallel.options
                 except CfgInfeasible as e:
                     extra = e.options
                 by.update({o.name: o for o in extra if o.name not in by})
@@ -77,8 +82,11 @@ def main() -> None:
                 win = by.get(chosen)
                 ratio = f"{off.step_seconds / win.step_seconds:.2f}" if win is not None and off.feasible else "–"
                 cells = [_cell(by[n], hw) if n in by else "–" for n in ("off", "split(batch)", "split(model)")]
-                print(f"| {res} | {mesh_s} | {hw_name} | {experts} | {two} | " + " | ".join(cells)
-                      + f" | **{chosen}** | {ratio} |")
+                print(
+                    f"| {res} | {mesh_s} | {hw_name} | {experts} | {two} | "
+                    + " | ".join(cells)
+                    + f" | **{chosen}** | {ratio} |"
+                )
 
 
 if __name__ == "__main__":

@@ -88,11 +88,20 @@ def child(devices: int, repeats: int, layers: int) -> list[dict]:
             wall[key].append(time.perf_counter() - start)
     base_host = statistics.median(host[("openxla_eval", "xla")])
     base_wall = statistics.median(wall[("openxla_eval", "xla")])
-    return [{"devices": devices, "mesh": mesh, "variant": name, "inputs": place,
-             "host_ms": statistics.median(host[(name, place)]) * 1e3,
-             "host_ratio": statistics.median(host[(name, place)]) / base_host,
-             "wall_ms": statistics.median(w) * 1e3, "wall_ratio": statistics.median(w) / base_wall,
-             "traces": traces.get((name, place))} for (name, place), w in wall.items()]
+    return [
+        {
+            "devices": devices,
+            "mesh": mesh,
+            "variant": name,
+            "inputs": place,
+            "host_ms": statistics.median(host[(name, place)]) * 1e3,
+            "host_ratio": statistics.median(host[(name, place)]) / base_host,
+            "wall_ms": statistics.median(w) * 1e3,
+            "wall_ratio": statistics.median(w) / base_wall,
+            "traces": traces.get((name, place)),
+        }
+        for (name, place), w in wall.items()
+    ]
 
 
 def main() -> None:
@@ -108,20 +117,39 @@ def main() -> None:
     for devices in (1, 8):
         env = dict(os.environ, PJRT_DEVICE="CPU", CPU_NUM_DEVICES=str(devices), XLA_USE_SPMD="1")
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-        proc = subprocess.run([sys.executable, __file__, "--child", str(devices), "--repeats", str(args.repeats),
-                               "--layers", str(args.layers)], env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                str(devices),
+                "--repeats",
+                str(args.repeats),
+                "--layers",
+                str(args.layers),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode:
             sys.exit(proc.stderr[-4000:])
         rows += json.loads(next(ln for ln in proc.stdout.splitlines() if ln.startswith("ROWS "))[5:])
-    print(f"{args.layers}-block tiny-dim DiT, medians over {args.repeats} interleaved calls; ratios to "
-          "openxla_eval on XLA inputs in the same process\n")
-    print("| devices | mesh | backend / plan | inputs | host ms (call returns) | ratio | wall ms (result ready) "
-          "| ratio | FX traces |")
+    print(
+        f"{args.layers}-block tiny-dim DiT, medians over {args.repeats} interleaved calls; ratios to "
+        "openxla_eval on XLA inputs in the same process\n"
+    )
+    print(
+        "| devices | mesh | backend / plan | inputs | host ms (call returns) | ratio | wall ms (result ready) "
+        "| ratio | FX traces |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['devices']} | {r['mesh']} | {r['variant']} | {r['inputs']} | {r['host_ms']:.1f} | "
-              f"{r['host_ratio']:.2f} | {r['wall_ms']:.1f} | {r['wall_ratio']:.2f} | "
-              f"{'' if r['traces'] is None else r['traces']} |")
+        print(
+            f"| {r['devices']} | {r['mesh']} | {r['variant']} | {r['inputs']} | {r['host_ms']:.1f} | "
+            f"{r['host_ratio']:.2f} | {r['wall_ms']:.1f} | {r['wall_ratio']:.2f} | "
+            f"{'' if r['traces'] is None else r['traces']} |"
+        )
 
 
 if __name__ == "__main__":

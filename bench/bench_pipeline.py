@@ -27,9 +27,13 @@ def main() -> None:
     ap.add_argument("--mesh", default="2x4")
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=1,
-                    help="torch intra-op threads for eager (default 1: XLA's CPU client runs its own threads, and "
-                         "eager with 2 threads on a loaded 2-core machine was 5x slower than with 1)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for eager (default 1: XLA's CPU client runs its own threads, and "
+        "eager with 2 threads on a loaded 2-core machine was 5x slower than with 1)",
+    )
     args = ap.parse_args()
 
     from planner.mesh import parse_mesh
@@ -46,8 +50,11 @@ def main() -> None:
     from wancompile.models import build_tiny_pipeline, tiny_pipeline_inputs
 
     variants = {}
-    for name, cfg in (("eager (CPU fp32)", None), (f"wan_autoshard {args.mesh}", False),
-                      (f"wan_autoshard {args.mesh}, CFG batched", True)):
+    for name, cfg in (
+        ("eager (CPU fp32)", None),
+        (f"wan_autoshard {args.mesh}", False),
+        (f"wan_autoshard {args.mesh}, CFG batched", True),
+    ):
         pipe = build_tiny_pipeline(two_experts=True)
         pipe.set_progress_bar_config(disable=True)
         if cfg is not None:
@@ -62,8 +69,9 @@ def main() -> None:
             return {}
 
         with torch.no_grad():
-            latents = pipe(**tiny_pipeline_inputs(pipe, steps=args.steps), output_type="latent",
-                           callback_on_step_end=on_step).frames
+            latents = pipe(
+                **tiny_pipeline_inputs(pipe, steps=args.steps), output_type="latent", callback_on_step_end=on_step
+            ).frames
             z = latents.to(pipe.vae.dtype)
             t0 = time.perf_counter()
             pipe.vae.decode(z, return_dict=False)
@@ -85,16 +93,20 @@ def main() -> None:
 
     base = statistics.median(steps["eager (CPU fp32)"])
     base_decode = statistics.median(decodes["eager (CPU fp32)"])
-    print(f"tiny two-expert WanPipeline, {args.steps} steps x {args.repeats} interleaved calls, mesh {args.mesh} "
-          f"({mesh.size} virtual CPU devices), {args.threads} torch thread(s)")
+    print(
+        f"tiny two-expert WanPipeline, {args.steps} steps x {args.repeats} interleaved calls, mesh {args.mesh} "
+        f"({mesh.size} virtual CPU devices), {args.threads} torch thread(s)"
+    )
     print()
     print("| variant | step, median | step vs eager | VAE decode, median | decode vs eager | first call (compiles) |")
     print("|---|---|---|---|---|---|")
     for name in variants:
         step, decode = statistics.median(steps[name]), statistics.median(decodes[name])
-        print(f"| {name} | {step * 1e3:.1f} ms | {step / base:.2f} | {decode * 1e3:.1f} ms | "
-              f"{decode / base_decode:.2f} | "
-              f"{warm[name]:.1f} s |")
+        print(
+            f"| {name} | {step * 1e3:.1f} ms | {step / base:.2f} | {decode * 1e3:.1f} ms | "
+            f"{decode / base_decode:.2f} | "
+            f"{warm[name]:.1f} s |"
+        )
 
 
 if __name__ == "__main__":

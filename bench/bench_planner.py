@@ -53,8 +53,10 @@ def main() -> None:
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
 
-    print("| res | mesh | hardware | auto ms/fwd | auto comm ms | auto GB/dev | hand ms/fwd | hand comm ms | hand GB/dev | hand fits? "
-          "| ideal roofline ms | hand/auto | 1 expert, memory ample: auto / hand ms | auto strategies |")
+    print(
+        "| res | mesh | hardware | auto ms/fwd | auto comm ms | auto GB/dev | hand ms/fwd | hand comm ms | hand GB/dev | hand fits? "
+        "| ideal roofline ms | hand/auto | 1 expert, memory ample: auto / hand ms | auto strategies |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for res in ("480p", "720p"):
         g = capture(res)
@@ -63,7 +65,10 @@ def main() -> None:
             hand = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=2)
             try:
                 auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=2)
-                ap, strat = auto.predicted, "; ".join(f"{d.node.split(' ')[0]}={d.strategy}" for d in auto.decisions[:3])
+                ap, strat = (
+                    auto.predicted,
+                    "; ".join(f"{d.node.split(' ')[0]}={d.strategy}" for d in auto.decisions[:3]),
+                )
             except PlanError as e:
                 auto, ap, strat = None, None, f"no plan fits: {str(e)[:80]}"
             fits = hand.memory_bytes_per_device <= float(hw.dram_bytes)
@@ -71,15 +76,25 @@ def main() -> None:
             # One expert resident, memory ample: the hand plan always fits, and auto (hinted with it) must not be worse.
             auto1 = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=1, memory_gb=1e3).predicted
             hand1 = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=1)
-            ample = f"{auto1.step_seconds*1e3:.0f} / {hand1.step_seconds*1e3:.0f}" + ("" if auto1.step_seconds <= hand1.step_seconds * 1.0001 else " AUTO WORSE")
-            fit_s = "yes" if fits else f"no ({hand.memory_bytes_per_device/1e9:.1f} > {float(hw.dram_bytes)/1e9:.0f} GB)"
+            ample = f"{auto1.step_seconds * 1e3:.0f} / {hand1.step_seconds * 1e3:.0f}" + (
+                "" if auto1.step_seconds <= hand1.step_seconds * 1.0001 else " AUTO WORSE"
+            )
+            fit_s = (
+                "yes"
+                if fits
+                else f"no ({hand.memory_bytes_per_device / 1e9:.1f} > {float(hw.dram_bytes) / 1e9:.0f} GB)"
+            )
             if ap is None:
-                print(f"| {res} | {mesh_s} | {hw_name} | – | – | – | {hand.step_seconds*1e3:.0f} | {hand.comm_seconds*1e3:.0f} | {hand.memory_bytes_per_device/1e9:.1f} | {fit_s} | {roof*1e3:.0f} | – | {ample} | {strat} |")
+                print(
+                    f"| {res} | {mesh_s} | {hw_name} | – | – | – | {hand.step_seconds * 1e3:.0f} | {hand.comm_seconds * 1e3:.0f} | {hand.memory_bytes_per_device / 1e9:.1f} | {fit_s} | {roof * 1e3:.0f} | – | {ample} | {strat} |"
+                )
                 continue
-            ratio = f"{hand.step_seconds/ap.step_seconds:.2f}" + ("" if fits else " (hand does not fit)")
-            print(f"| {res} | {mesh_s} | {hw_name} | {ap.step_seconds*1e3:.0f} | {ap.comm_seconds*1e3:.0f} | {ap.memory_bytes_per_device/1e9:.1f} | "
-                  f"{hand.step_seconds*1e3:.0f} | {hand.comm_seconds*1e3:.0f} | {hand.memory_bytes_per_device/1e9:.1f} | {fit_s} | {roof*1e3:.0f} | "
-                  f"{ratio} | {ample} | {strat} |")
+            ratio = f"{hand.step_seconds / ap.step_seconds:.2f}" + ("" if fits else " (hand does not fit)")
+            print(
+                f"| {res} | {mesh_s} | {hw_name} | {ap.step_seconds * 1e3:.0f} | {ap.comm_seconds * 1e3:.0f} | {ap.memory_bytes_per_device / 1e9:.1f} | "
+                f"{hand.step_seconds * 1e3:.0f} | {hand.comm_seconds * 1e3:.0f} | {hand.memory_bytes_per_device / 1e9:.1f} | {fit_s} | {roof * 1e3:.0f} | "
+                f"{ratio} | {ample} | {strat} |"
+            )
 
     print("\n| step (full A14B, 720p, wh-galaxy 8x4) | seconds |\n|---|---|")
     t0 = time.perf_counter()
@@ -87,8 +102,10 @@ def main() -> None:
     t1 = time.perf_counter()
     plan = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_copies=2)
     t2 = time.perf_counter()
-    print(f"| capture 2 blocks on meta (dynamo) | {t1 - t0:.2f} |\n| build tables + solve + decisions + assemble | {t2 - t1:.2f} |"
-          f"\n| of which CP-SAT main solve | {plan.solver.seconds:.3f} |\n| total | {t2 - t0:.2f} |")
+    print(
+        f"| capture 2 blocks on meta (dynamo) | {t1 - t0:.2f} |\n| build tables + solve + decisions + assemble | {t2 - t1:.2f} |"
+        f"\n| of which CP-SAT main solve | {plan.solver.seconds:.3f} |\n| total | {t2 - t0:.2f} |"
+    )
 
     print("\n| blocks | solve s | variables | constraints |\n|---|---|---|---|")
     for n in (10, 20, 40):

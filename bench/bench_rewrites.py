@@ -33,9 +33,17 @@ def fresh(gm: fx.GraphModule) -> fx.GraphModule:
     return fx.GraphModule(gm, graph)
 
 
-COMPUTE = {torch._C._nn.linear, torch.conv1d, torch.conv2d, torch.conv3d, torch.nn.functional.normalize,
-           torch.nn.functional.rms_norm, torch.rms_norm, torch.nn.functional.layer_norm,
-           torch._C._nn.scaled_dot_product_attention}
+COMPUTE = {
+    torch._C._nn.linear,
+    torch.conv1d,
+    torch.conv2d,
+    torch.conv3d,
+    torch.nn.functional.normalize,
+    torch.nn.functional.rms_norm,
+    torch.rms_norm,
+    torch.nn.functional.layer_norm,
+    torch._C._nn.scaled_dot_product_attention,
+}
 
 
 def ops(graphs: list[fx.GraphModule]) -> int:
@@ -51,8 +59,17 @@ def tiny_dit() -> list[fx.GraphModule]:
     from diffusers import WanTransformer3DModel
 
     model = WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
-        text_dim=32, freq_dim=16, ffn_dim=96, num_layers=2, rope_max_seq_len=32).eval()
+        patch_size=(1, 2, 2),
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=16,
+        ffn_dim=96,
+        num_layers=2,
+        rope_max_seq_len=32,
+    ).eval()
     x = torch.randn(1, 4, 5, 6, 6)  # 45 tokens
     return capture(lambda *a: model(*a, return_dict=False), x, torch.tensor([500]), torch.randn(1, 7, 32))
 
@@ -60,8 +77,15 @@ def tiny_dit() -> list[fx.GraphModule]:
 def tiny_vae() -> list[fx.GraphModule]:
     from diffusers import AutoencoderKLWan
 
-    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
-                           latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    vae = AutoencoderKLWan(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ).eval()
     return capture(lambda z: vae.decode(z, return_dict=False), torch.randn(1, 4, 2, 4, 4))
 
 
@@ -70,9 +94,19 @@ def a14b(layers: int, resolution: str) -> list[fx.GraphModule]:
 
     with torch.device("meta"):
         model = WanTransformer3DModel(
-            patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
-            out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=layers,
-            cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6).eval()
+            patch_size=(1, 2, 2),
+            num_attention_heads=40,
+            attention_head_dim=128,
+            in_channels=16,
+            out_channels=16,
+            text_dim=4096,
+            freq_dim=256,
+            ffn_dim=13824,
+            num_layers=layers,
+            cross_attn_norm=True,
+            qk_norm="rms_norm_across_heads",
+            eps=1e-6,
+        ).eval()
         height, width = RESOLUTIONS[resolution]
         x = torch.randn(1, 16, 21, height, width)
         t, prompt = torch.tensor([500]), torch.randn(1, 512, 4096)
@@ -103,8 +137,11 @@ def main() -> None:
     for title, build, ctx in (
         ("tiny DiT (2 blocks, 45 tokens, sp×4)", tiny_dit, tiny_context),
         ("tiny VAE decode (2 latent frames)", tiny_vae, tiny_context),
-        (f"A14B meta ({args.layers} blocks, {args.resolution}, sp×{args.sp_multiple})",
-         lambda: a14b(args.layers, args.resolution), context),
+        (
+            f"A14B meta ({args.layers} blocks, {args.resolution}, sp×{args.sp_multiple})",
+            lambda: a14b(args.layers, args.resolution),
+            context,
+        ),
     ):
         start = time.perf_counter()
         graphs = build()
@@ -119,8 +156,11 @@ def main() -> None:
         for _, rows in columns:
             after, compute, sites, seconds = rows[name]
             before, compute_before = rows["none"][:2]
-            cells.append(f"{after} ops, {compute} compute" if name == "none" else
-                         f"{after - before:+d} ops, {compute - compute_before:+d} compute, {sites} sites, {seconds:.2f} s")
+            cells.append(
+                f"{after} ops, {compute} compute"
+                if name == "none"
+                else f"{after - before:+d} ops, {compute - compute_before:+d} compute, {sites} sites, {seconds:.2f} s"
+            )
         print(f"| {name} | " + " | ".join(cells) + " |")
 
 

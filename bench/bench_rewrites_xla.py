@@ -37,13 +37,24 @@ def main() -> None:
 
     # "qkv, packed in-graph": the lowering's constant folding off (wancompile/fold.py), so the packed
     # weight is rebuilt on every call, as before folding existed.
-    variants = {"none": "none", "qkv": ["qkv"], "qkv, packed in-graph": ["qkv"], "rope": ["rope"],
-                "patch_embed": ["patch_embed"], "all": "all"}
+    variants = {
+        "none": "none",
+        "qkv": ["qkv"],
+        "qkv, packed in-graph": ["qkv"],
+        "rope": ["rope"],
+        "patch_embed": ["patch_embed"],
+        "all": "all",
+    }
     compiled = {}
     for name, rewrites in variants.items():
         torch._dynamo.reset()
         ShardedProgram.fold_parameters = name != "qkv, packed in-graph"
-        fn = torch.compile(model, backend="wan_autoshard", options={"mesh": "1x1", "plan": "tt-xla", "rewrites": rewrites}, fullgraph=True)
+        fn = torch.compile(
+            model,
+            backend="wan_autoshard",
+            options={"mesh": "1x1", "plan": "tt-xla", "rewrites": rewrites},
+            fullgraph=True,
+        )
         with torch.no_grad():
             fn(**inputs, return_dict=False)  # compile (and fold)
         compiled[name] = fn

@@ -78,27 +78,33 @@ def measure(vae, z, modes: list[Mode], repeats: int) -> list[dict]:
     for mode in modes:
         graphs = mode.graphs(vae, z)
         nodes = [node for gm in graphs for node in gm.graph.nodes]
-        rows.append({
-            "mode": mode.name,
-            "graphs": len(graphs),
-            "fx_nodes": len(nodes),
-            "fx_ops": sum(node.op.startswith("call_") for node in nodes),
-            "eager_s_min": min(seconds[mode.name]),
-            "eager_s_median": statistics.median(seconds[mode.name]),
-            "max_abs_vs_streaming": (mode.decode(vae, z) - reference).abs().max().item(),
-        })
+        rows.append(
+            {
+                "mode": mode.name,
+                "graphs": len(graphs),
+                "fx_nodes": len(nodes),
+                "fx_ops": sum(node.op.startswith("call_") for node in nodes),
+                "eager_s_min": min(seconds[mode.name]),
+                "eager_s_median": statistics.median(seconds[mode.name]),
+                "max_abs_vs_streaming": (mode.decode(vae, z) - reference).abs().max().item(),
+            }
+        )
     return rows
 
 
 def print_table(title: str, rows: list[dict]) -> None:
     print(title)
-    header = (f"{'mode':<22} {'graphs':>6} {'FX nodes':>9} {'FX ops':>7} {'eager s (min)':>14} {'(median)':>9} "
-              f"{'max|Δ| vs streaming':>20}")
+    header = (
+        f"{'mode':<22} {'graphs':>6} {'FX nodes':>9} {'FX ops':>7} {'eager s (min)':>14} {'(median)':>9} "
+        f"{'max|Δ| vs streaming':>20}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
-        print(f"{r['mode']:<22} {r['graphs']:>6} {r['fx_nodes']:>9} {r['fx_ops']:>7} {r['eager_s_min']:>14.3f} "
-              f"{r['eager_s_median']:>9.3f} {r['max_abs_vs_streaming']:>20.2e}")
+        print(
+            f"{r['mode']:<22} {r['graphs']:>6} {r['fx_nodes']:>9} {r['fx_ops']:>7} {r['eager_s_min']:>14.3f} "
+            f"{r['eager_s_median']:>9.3f} {r['max_abs_vs_streaming']:>20.2e}"
+        )
 
 
 def main(argv=None) -> None:
@@ -120,8 +126,11 @@ def main(argv=None) -> None:
     if args.json:
         print(json.dumps({"config": args.config, "latent": list(z.shape), "rows": rows}, indent=2))
     else:
-        print_table(f"{args.config}, latent {tuple(z.shape)}, torch {torch.__version__}, "
-                    f"{torch.get_num_threads()} threads, {args.repeats} rounds", rows)
+        print_table(
+            f"{args.config}, latent {tuple(z.shape)}, torch {torch.__version__}, "
+            f"{torch.get_num_threads()} threads, {args.repeats} rounds",
+            rows,
+        )
 
 
 if __name__ == "__main__":

@@ -63,8 +63,10 @@ def main() -> None:
     graphs = {}
     t0 = time.perf_counter()
     _, graphs[latent_t] = capture(args.config, latent)
-    print(f"{args.config} VAE decode {args.video} x {args.frames} frames, latent {latent}: captured full-T on meta in "
-          f"{time.perf_counter() - t0:.1f} s ({len(graphs[latent_t])} nodes)")
+    print(
+        f"{args.config} VAE decode {args.video} x {args.frames} frames, latent {latent}: captured full-T on meta in "
+        f"{time.perf_counter() - t0:.1f} s ({len(graphs[latent_t])} nodes)"
+    )
 
     rows = []
     for profile, mesh_name in MESHES:
@@ -78,8 +80,20 @@ def main() -> None:
             solve_s = time.perf_counter() - t0
             p = plan.predicted
             split = _split(plan)
-            rows.append((profile, mesh_name, label, "full-T", p.step_seconds, p.comm_seconds, p.memory_bytes_per_device,
-                         p.memory_bytes_per_device <= dram, split, solve_s))
+            rows.append(
+                (
+                    profile,
+                    mesh_name,
+                    label,
+                    "full-T",
+                    p.step_seconds,
+                    p.comm_seconds,
+                    p.memory_bytes_per_device,
+                    p.memory_bytes_per_device <= dram,
+                    split,
+                    solve_s,
+                )
+            )
             per_device = (1, latent[1], latent_t, math.ceil(latent[3] / split[0]), math.ceil(latent[4] / split[1]))
             try:
                 k = choose_t_chunk(config, per_device, int(dram), element_bytes=2)
@@ -98,17 +112,23 @@ def main() -> None:
             total = first.step_seconds + sum(priced[c + 1].step_seconds - first.step_seconds for c in chunks)
             comm = first.comm_seconds + sum(priced[c + 1].comm_seconds - first.comm_seconds for c in chunks)
             memory = max(priced[c + 1].memory_bytes_per_device for c in chunks)
-            rows.append((profile, mesh_name, label, f"chunked-T k={k}", total, comm, memory, memory <= dram, split, 0.0))
+            rows.append(
+                (profile, mesh_name, label, f"chunked-T k={k}", total, comm, memory, memory <= dram, split, 0.0)
+            )
 
     print()
-    print("| profile | mesh | plan | decode | predicted s | comm s | memory GiB/device | fits DRAM | H x W split | solve s |")
+    print(
+        "| profile | mesh | plan | decode | predicted s | comm s | memory GiB/device | fits DRAM | H x W split | solve s |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for profile, mesh, label, mode, step, comm, mem, fits, split, solve_s in rows:
         if step is None:
             print(f"| {profile} | {mesh} | {label} | {mode} | | | | | | |")
             continue
-        print(f"| {profile} | {mesh} | {label} | {mode} | {step:.3f} | {comm:.3f} | {mem / 2**30:.2f} | {'yes' if fits else 'no'} | "
-              f"{split[0]} x {split[1]} | {solve_s:.1f} |")
+        print(
+            f"| {profile} | {mesh} | {label} | {mode} | {step:.3f} | {comm:.3f} | {mem / 2**30:.2f} | {'yes' if fits else 'no'} | "
+            f"{split[0]} x {split[1]} | {solve_s:.1f} |"
+        )
 
 
 def _split(plan) -> tuple[int, int]:

@@ -18,6 +18,7 @@ What it does (see docs/numerics.md for the write-up):
    graph the ``openxla_eval`` CPU-fallback partitioner hands to XLA reads the buffer before
    the write (it does, for diffusers' Wan ``apply_rotary_emb``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,8 +41,16 @@ import torch.utils._pytree as pytree
 TIMESTEPS = (0, 1, 500, 999)
 _nullctx = contextlib.nullcontext
 MODEL_KW = dict(
-    patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4,
-    out_channels=4, text_dim=32, freq_dim=16, ffn_dim=96, num_layers=2, rope_max_seq_len=32,
+    patch_size=(1, 2, 2),
+    num_attention_heads=4,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=16,
+    ffn_dim=96,
+    num_layers=2,
+    rope_max_seq_len=32,
 )
 
 
@@ -72,8 +81,17 @@ def compare(out, ref):
 # --------------------------------------------------------------------------------------------
 # the fix: make in-place setitem explicit data flow (a pure FX rewrite)
 # --------------------------------------------------------------------------------------------
-_FRESH = {torch.empty_like, torch.zeros_like, torch.ones_like, torch.full_like, torch.empty,
-          torch.zeros, torch.ones, torch.full, torch.clone}
+_FRESH = {
+    torch.empty_like,
+    torch.zeros_like,
+    torch.ones_like,
+    torch.full_like,
+    torch.empty,
+    torch.zeros,
+    torch.ones,
+    torch.full,
+    torch.clone,
+}
 
 
 def setitem_out_of_place(buf, idx, val):
@@ -100,7 +118,8 @@ def functionalize_setitem(gm: fx.GraphModule) -> int:
     n_rewritten = 0
     for buf, sets in writes.items():
         fresh = (buf.op == "call_function" and buf.target in _FRESH) or (
-            buf.op == "call_method" and buf.target == "clone")
+            buf.op == "call_method" and buf.target == "clone"
+        )
         if not fresh:
             continue
         last = max(order[w] for w in sets)
@@ -202,8 +221,13 @@ def end_to_end(dtype=torch.float32, timesteps=TIMESTEPS, paths=None):
     m, x, enc = build(dtype)
     mx = copy.deepcopy(m).to(dev)
     m32, x32, enc32 = build(torch.float32)
-    paths = paths or ["eager_xla", "openxla", "openxla_eval", "openxla_eval+functionalize_setitem",
-                      "openxla_eval+stable_partition_order"]
+    paths = paths or [
+        "eager_xla",
+        "openxla",
+        "openxla_eval",
+        "openxla_eval+functionalize_setitem",
+        "openxla_eval+stable_partition_order",
+    ]
     rows = []
 
     def fixed_backend(gm, ex):
@@ -224,7 +248,7 @@ def end_to_end(dtype=torch.float32, timesteps=TIMESTEPS, paths=None):
             fn = torch.compile(mx, backend=path, fullgraph=True)
         for ts in timesteps:
             t = torch.tensor([ts])
-            with torch.no_grad(), (stable_partition_order() if "stable" in path else _nullctx()):
+            with torch.no_grad(), stable_partition_order() if "stable" in path else _nullctx():
                 ref = m(x, t, enc, return_dict=False)[0]
                 out = fn(x.to(dev), t.to(dev), enc.to(dev), return_dict=False)[0].cpu()
                 row = dict(dtype=str(dtype).replace("torch.", ""), path=path, t=ts)
@@ -271,10 +295,14 @@ def emulate_bug_on_cpu(ts=500):
         y_ref = m(x, t, enc, return_dict=False)[0]
         torch._dynamo.reset()
         y_x = torch.compile(mx, backend="openxla_eval", fullgraph=True)(
-            x.to(dev), t.to(dev), enc.to(dev), return_dict=False)[0].cpu()
+            x.to(dev), t.to(dev), enc.to(dev), return_dict=False
+        )[0].cpu()
     torch._dynamo.reset()
-    return dict(emulated_vs_openxla_eval=compare(y_x, y_emu), emulated_vs_eager=compare(y_emu, y_ref),
-                openxla_eval_vs_eager=compare(y_x, y_ref))
+    return dict(
+        emulated_vs_openxla_eval=compare(y_x, y_emu),
+        emulated_vs_eager=compare(y_emu, y_ref),
+        openxla_eval_vs_eager=compare(y_x, y_ref),
+    )
 
 
 # --------------------------------------------------------------------------------------------
@@ -353,9 +381,17 @@ def local_op_errors(ts=500):
                 continue
             err = max((a.double() - b.cpu().double()).abs().max().item() for a, b in zip(refs, gots))
             scale = max(a.double().abs().max().item() for a in refs)
-            rows.append(dict(node=n.name, op=_label(n), module=_module_path(n),
-                             shape=list(refs[0].shape), maxabs=err, rel=err / max(scale, 1e-30),
-                             ref_absmax=scale))
+            rows.append(
+                dict(
+                    node=n.name,
+                    op=_label(n),
+                    module=_module_path(n),
+                    shape=list(refs[0].shape),
+                    maxabs=err,
+                    rel=err / max(scale, 1e-30),
+                    ref_absmax=scale,
+                )
+            )
     return rows
 
 
@@ -383,8 +419,11 @@ def openxla_eval_bisect(ts=500, thresh=1e-4, window=30):
             if n.op in ("placeholder", "output"):
                 continue
             env[n] = _run_node(n, _fetch(env, n.args), _fetch(env, n.kwargs), g_cpu)
-            if (isinstance(env[n], torch.Tensor) and env[n].is_floating_point()
-                    and n.target not in (torch.empty_like, torch.empty)):
+            if (
+                isinstance(env[n], torch.Tensor)
+                and env[n].is_floating_point()
+                and n.target not in (torch.empty_like, torch.empty)
+            ):
                 vals[n.name] = env[n].clone()
     cands = [n.name for n in gm.graph.nodes if n.name in vals]
 
@@ -430,10 +469,16 @@ def openxla_eval_bisect(ts=500, thresh=1e-4, window=30):
     lo = k
     first = cands[lo]
     node = next(n for n in gm.graph.nodes if n.name == first)
-    return dict(first=first, first_op=_label(node), first_module=_module_path(node),
-                first_err=cache[first], prev=cands[lo - 1] if lo else None,
-                prev_err=err_at(cands[lo - 1]) if lo else None,
-                probes=cache, code_line=_code_line(gm, first))
+    return dict(
+        first=first,
+        first_op=_label(node),
+        first_module=_module_path(node),
+        first_err=cache[first],
+        prev=cands[lo - 1] if lo else None,
+        prev_err=err_at(cands[lo - 1]) if lo else None,
+        probes=cache,
+        code_line=_code_line(gm, first),
+    )
 
 
 def _code_line(gm, name):
@@ -465,7 +510,8 @@ def partitioned_order_check(ts=500):
         torch._dynamo.reset()
         with torch.no_grad():
             torch.compile(mx, backend="openxla_eval", fullgraph=True)(
-                x.to(dev), t.to(dev), enc.to(dev), return_dict=False)
+                x.to(dev), t.to(dev), enc.to(dev), return_dict=False
+            )
         gm, _ = capture(mx, x.to(dev), t.to(dev), enc.to(dev))
         found["bad_in_dynamo_graph"] = setitem_read_before_write(gm)
     finally:
@@ -494,8 +540,10 @@ def main():
     for r in rows:
         extra = ""
         if "floor_maxabs" in r:
-            extra = (f"   vs fp32 CPU {r['maxabs_vs_fp32_cpu']:.3e}/{r['pcc_vs_fp32_cpu']:.6f};"
-                     f" bf16 floor (bf16 CPU vs fp32 CPU) {r['floor_maxabs']:.3e}/{r['floor_pcc']:.6f}")
+            extra = (
+                f"   vs fp32 CPU {r['maxabs_vs_fp32_cpu']:.3e}/{r['pcc_vs_fp32_cpu']:.6f};"
+                f" bf16 floor (bf16 CPU vs fp32 CPU) {r['floor_maxabs']:.3e}/{r['floor_pcc']:.6f}"
+            )
         print(f"{r['dtype']:9s} {r['path']:38s} {r['t']:4d} {r['maxabs']:10.3e} {r['pcc']:12.8f}{extra}")
 
     print("\n== 2. emulation: dynamo graph on CPU in the partitioner's node order ==")
@@ -519,26 +567,44 @@ def main():
         print(f"{len(loc)} float nodes; max local max-abs {loc_sorted[0]['maxabs']:.3e}")
         print(f"{'node':28s} {'op':26s} {'module':34s} {'max-abs':>10s} {'rel':>10s} {'|ref|max':>9s}")
         for r in loc_sorted[: args.top]:
-            print(f"{r['node']:28s} {r['op'][:26]:26s} {r['module'][:34]:34s} {r['maxabs']:10.3e} "
-                  f"{r['rel']:10.3e} {r['ref_absmax']:9.3f}")
+            print(
+                f"{r['node']:28s} {r['op'][:26]:26s} {r['module'][:34]:34s} {r['maxabs']:10.3e} "
+                f"{r['rel']:10.3e} {r['ref_absmax']:9.3f}"
+            )
         print("the usual suspects (worst node of each kind):")
-        for op in ("sin", "cos", "exp", "gelu", "silu", "layer_norm", "rms_norm",
-                   "scaled_dot_product_attention", "linear", "conv3d"):
+        for op in (
+            "sin",
+            "cos",
+            "exp",
+            "gelu",
+            "silu",
+            "layer_norm",
+            "rms_norm",
+            "scaled_dot_product_attention",
+            "linear",
+            "conv3d",
+        ):
             rs = [r for r in loc if r["op"] == op]
             if rs:
                 r = max(rs, key=lambda r: r["maxabs"])
-                print(f"   {op:28s} {len(rs):3d} nodes, worst {r['node']:18s} max-abs {r['maxabs']:.3e}"
-                      f" rel {r['rel']:.3e} (|ref|max {r['ref_absmax']:.3f})")
+                print(
+                    f"   {op:28s} {len(rs):3d} nodes, worst {r['node']:18s} max-abs {r['maxabs']:.3e}"
+                    f" rel {r['rel']:.3e} (|ref|max {r['ref_absmax']:.3f})"
+                )
         print("by relative error:")
         for r in sorted(loc, key=lambda r: -r["rel"])[:5]:
-            print(f"{r['node']:28s} {r['op'][:26]:26s} {r['module'][:34]:34s} {r['maxabs']:10.3e} "
-                  f"{r['rel']:10.3e} {r['ref_absmax']:9.3f}")
+            print(
+                f"{r['node']:28s} {r['op'][:26]:26s} {r['module'][:34]:34s} {r['maxabs']:10.3e} "
+                f"{r['rel']:10.3e} {r['ref_absmax']:9.3f}"
+            )
 
     print("\n== 5. openxla_eval accumulated-error bisection (graph truncated after node k) ==")
     b = openxla_eval_bisect()
     res["bisect"] = b
-    print(f"first node off by > 1e-4 relative: {b['first']}  ({b.get('first_op')}, {b.get('first_module')})"
-          f"  rel err {b.get('first_err', 0):.3e}; previous node {b.get('prev')} rel err {b.get('prev_err', 0) or 0:.3e}")
+    print(
+        f"first node off by > 1e-4 relative: {b['first']}  ({b.get('first_op')}, {b.get('first_module')})"
+        f"  rel err {b.get('first_err', 0):.3e}; previous node {b.get('prev')} rel err {b.get('prev_err', 0) or 0:.3e}"
+    )
     print(f"   {b.get('code_line')}")
     print("   probes: " + ", ".join(f"{k}={v:.1e}" for k, v in b["probes"].items()))
     print(f"\n[{time.time() - t0:.0f} s]")

@@ -30,8 +30,8 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, ...]]]:
     assert data[:8] == b"\x89PNG\r\n\x1a\n", f"{path} is not a PNG"
     pos, idat, width = 8, b"", 0
     while pos < len(data):
-        n = int.from_bytes(data[pos:pos + 4], "big")
-        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + n]
+        n = int.from_bytes(data[pos : pos + 4], "big")
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
         if kind == b"IHDR":
             width, height = int.from_bytes(body[:4], "big"), int.from_bytes(body[4:8], "big")
             depth, ctype, interlace = body[8], body[9], body[12]
@@ -46,7 +46,7 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, ...]]]:
     prev = bytearray(stride)
     for y in range(height):
         f = raw[y * (stride + 1)]
-        line = bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+        line = bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
         for i in range(stride):
             a = line[i - channels] if i >= channels else 0
             b = prev[i]
@@ -61,7 +61,7 @@ def read_png(path: Path) -> tuple[int, int, list[tuple[int, ...]]]:
                 p = a + b - c
                 pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
                 line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        pixels.extend(tuple(line[x:x + 3]) for x in range(0, stride, channels))
+        pixels.extend(tuple(line[x : x + 3]) for x in range(0, stride, channels))
         prev = line
     return width, height, pixels
 
@@ -71,10 +71,25 @@ def render(html: Path, png: Path, width: int, height: int) -> None:
     if not chromium:
         raise SystemExit("chromium not found; install it (apt-get install -y chromium)")
     with tempfile.TemporaryDirectory() as profile:
-        subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                        "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={profile}",
-                        f"--screenshot={png}", f"--window-size={width},{height}", html.resolve().as_uri()],
-                       check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            [
+                chromium,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+                f"--user-data-dir={profile}",
+                f"--screenshot={png}",
+                f"--window-size={width},{height}",
+                html.resolve().as_uri(),
+            ],
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
 
 
 def inspect(png: Path) -> dict:
@@ -83,10 +98,15 @@ def inspect(png: Path) -> dict:
     w, h, px = read_png(png)
     hexes = {"#%02x%02x%02x" % p for p in px}
     nonwhite = sum(1 for p in px if min(p) < 245) / len(px)
-    return {"size": (w, h), "non_white": nonwhite, "colours": len(hexes),
-            "state_colours": sorted(c for c in PALETTE if c in hexes),
-            "bars": [c for c in (COMPUTE, COMM) if c in hexes],
-            "big_badge": "#c0392b" in hexes, "small_badge": "#f6c9a8" in hexes}
+    return {
+        "size": (w, h),
+        "non_white": nonwhite,
+        "colours": len(hexes),
+        "state_colours": sorted(c for c in PALETTE if c in hexes),
+        "bars": [c for c in (COMPUTE, COMM) if c in hexes],
+        "big_badge": "#c0392b" in hexes,
+        "small_badge": "#f6c9a8" in hexes,
+    }
 
 
 def main() -> int:
@@ -101,8 +121,25 @@ def main() -> int:
         from wancompile.cli import main as cli
 
         d = Path(args.out or tempfile.mkdtemp(prefix="wancompile-html-")) / "tiny-2x4"
-        cli(["plan", "--model", "tiny", "--mesh", "2x4", "--hardware", "wh-loudbox", "--resolution", "tiny", "--frames", "9",
-             "--memory-gb", "0.00025", "--out", str(d)])
+        cli(
+            [
+                "plan",
+                "--model",
+                "tiny",
+                "--mesh",
+                "2x4",
+                "--hardware",
+                "wh-loudbox",
+                "--resolution",
+                "tiny",
+                "--frames",
+                "9",
+                "--memory-gb",
+                "0.00025",
+                "--out",
+                str(d),
+            ]
+        )
         dirs = [d]
     bad = 0
     print(f"{'plan.html':<48} {'size':>11} {'non-white':>9} {'colours':>7}  states bars badges(big/small)")
@@ -113,9 +150,11 @@ def main() -> int:
         r = inspect(png)
         ok = r["non_white"] > 0.03 and len(r["state_colours"]) >= 2 and r["bars"] and r["big_badge"]
         bad += not ok
-        print(f"{str(html)[-48:]:<48} {r['size'][0]:>5}x{r['size'][1]:<5} {r['non_white']:>8.1%} {r['colours']:>7}  "
-              f"{len(r['state_colours']):>6} {len(r['bars']):>4} {r['big_badge']!s:>5}/{r['small_badge']!s:<5} "
-              f"{'ok' if ok else 'BLANK OR UNSTYLED'}  -> {png}")
+        print(
+            f"{str(html)[-48:]:<48} {r['size'][0]:>5}x{r['size'][1]:<5} {r['non_white']:>8.1%} {r['colours']:>7}  "
+            f"{len(r['state_colours']):>6} {len(r['bars']):>4} {r['big_badge']!s:>5}/{r['small_badge']!s:<5} "
+            f"{'ok' if ok else 'BLANK OR UNSTYLED'}  -> {png}"
+        )
     return 1 if bad else 0
 
 

@@ -20,8 +20,12 @@ from pathlib import Path
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mesh", default="2x4", help="device mesh, e.g. 2x4, 1x4, 8x4")
-    p.add_argument("--plan", default=None, help="a saved plan.json to run instead of planning, or 'tt-xla' (the seed's hand plan)")
-    p.add_argument("--hardware", default=None, help="cost-model profile (default: by mesh shape, e.g. wh-loudbox for 2x4)")
+    p.add_argument(
+        "--plan", default=None, help="a saved plan.json to run instead of planning, or 'tt-xla' (the seed's hand plan)"
+    )
+    p.add_argument(
+        "--hardware", default=None, help="cost-model profile (default: by mesh shape, e.g. wh-loudbox for 2x4)"
+    )
     p.add_argument("--memory-gb", type=float, default=None, help="per-device memory budget for the planner")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     p.add_argument("--dump-dir", default=None, help="where plan.json and the HLO dumps go (default: a temp dir)")
@@ -75,10 +79,18 @@ def main(argv=None) -> int:
         "max_abs": result.max_abs,
         "eager_pcc": vs_eager.pcc,
         "eager_max_abs": vs_eager.max_abs,
-        "collectives": [{"kind": c.kind, "axes": list(c.axes), "bytes": c.bytes, "shape": c.shape} for c in collectives],
+        "collectives": [
+            {"kind": c.kind, "axes": list(c.axes), "bytes": c.bytes, "shape": c.shape} for c in collectives
+        ],
         "predicted_vs_compiled": [
-            {"kind": m.kind, "axes": list(m.axes), "predicted": m.predicted_count, "compiled": m.observed_count,
-             "predicted_bytes": m.predicted_bytes, "compiled_bytes": m.observed_bytes}
+            {
+                "kind": m.kind,
+                "axes": list(m.axes),
+                "predicted": m.predicted_count,
+                "compiled": m.observed_count,
+                "predicted_bytes": m.predicted_bytes,
+                "compiled_bytes": m.observed_bytes,
+            }
             for m in matches
         ],
         "hlo": str(program.hlo_path),

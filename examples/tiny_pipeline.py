@@ -72,34 +72,50 @@ def main(argv=None) -> int:
     programs = state.programs()
     lat, fr = numerics(latents, ref_latents), numerics(frames, ref_frames)
     report = {
-        "mesh": list(mesh.shape), "steps": args.steps, "experts": len(state.transformers),
+        "mesh": list(mesh.shape),
+        "steps": args.steps,
+        "experts": len(state.transformers),
         "cfg_parallel": args.cfg_parallel,
-        "latents": {"pcc": lat.pcc, "max_abs": lat.max_abs}, "frames": {"pcc": fr.pcc, "max_abs": fr.max_abs},
-        "graphs_compiled": graphs1 - graphs0, "recompiles_second_call": recompiles,
+        "latents": {"pcc": lat.pcc, "max_abs": lat.max_abs},
+        "frames": {"pcc": fr.pcc, "max_abs": fr.max_abs},
+        "graphs_compiled": graphs1 - graphs0,
+        "recompiles_second_call": recompiles,
         "fold_runs": programs[-1].fold.runs if programs and programs[-1].fold else 0,
         "fold_parameter_sets": programs[-1].fold.cached_sets() if programs and programs[-1].fold else 0,
         "weight_sets_budgeted": programs[-1].plan.weight_sets if programs else None,
         "plan": programs[-1].plan.summary().splitlines()[1].strip() if programs else None,
-        "seconds": {"eager_first_call": eager_first_s, "eager_call": eager_s,
-                    "compiled_first_call": compiled_first_s, "compiled_call": compiled_s},
+        "seconds": {
+            "eager_first_call": eager_first_s,
+            "eager_call": eager_s,
+            "compiled_first_call": compiled_first_s,
+            "compiled_call": compiled_s,
+        },
     }
     if state.cfg is not None:
         report["cfg"] = {"batched": state.cfg.batched, "served": state.cfg.served, "fallthrough": state.cfg.fallthrough}
     if args.json:
         print(json.dumps(report))
         return 0
-    print(f"WanPipeline, {report['experts']} expert(s), {args.steps} steps, mesh {args.mesh}"
-          f"{', CFG batched' if args.cfg_parallel else ''}")
+    print(
+        f"WanPipeline, {report['experts']} expert(s), {args.steps} steps, mesh {args.mesh}"
+        f"{', CFG batched' if args.cfg_parallel else ''}"
+    )
     print(f"  plan: {report['plan']}; weight sets budgeted: {report['weight_sets_budgeted']}")
-    print(f"compiled vs eager fp32: latents PCC {lat.pcc:.7f}, max-abs {lat.max_abs:.3g}; "
-          f"frames PCC {fr.pcc:.7f}, max-abs {fr.max_abs:.3g}")
+    print(
+        f"compiled vs eager fp32: latents PCC {lat.pcc:.7f}, max-abs {lat.max_abs:.3g}; "
+        f"frames PCC {fr.pcc:.7f}, max-abs {fr.max_abs:.3g}"
+    )
     print(f"graphs compiled on the first call: {report['graphs_compiled']}; on the second call: {recompiles}")
     print(f"fold runs: {report['fold_runs']} over 2 calls ({report['fold_parameter_sets']} parameter sets cached)")
-    print(f"wall: eager {eager_s:.3f} s/call; compiled {compiled_s:.3f} s/call (first call with compile "
-          f"{compiled_first_s:.1f} s)")
+    print(
+        f"wall: eager {eager_s:.3f} s/call; compiled {compiled_s:.3f} s/call (first call with compile "
+        f"{compiled_first_s:.1f} s)"
+    )
     if state.cfg is not None:
-        print(f"CFG: {state.cfg.batched} batch-2 forwards, {state.cfg.served} uncond calls served from them, "
-              f"{state.cfg.fallthrough} plain calls")
+        print(
+            f"CFG: {state.cfg.batched} batch-2 forwards, {state.cfg.served} uncond calls served from them, "
+            f"{state.cfg.fallthrough} plain calls"
+        )
     return 0
 
 

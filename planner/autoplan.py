@@ -45,11 +45,21 @@ from planner.strategies import Macro, Strategy, Structure, find_structure, strat
 KIB = 1024
 
 
-def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, *,
-               memory_gb: Optional[float] = None, num_blocks: Optional[int] = None, weight_copies: int = 1,
-               values: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, model: str = "",
-               sequence_parallel: bool = True, only: Optional[Mapping[str, str]] = None,
-               batch_axes: tuple[str, ...] = ()) -> Plan:
+def plan_graph(
+    graph: Graph,
+    mesh: MeshSpec,
+    hardware: str | HardwareProfile | None = None,
+    *,
+    memory_gb: Optional[float] = None,
+    num_blocks: Optional[int] = None,
+    weight_copies: int = 1,
+    values: Optional[Mapping[str, int]] = None,
+    time_limit_s: float = 5.0,
+    model: str = "",
+    sequence_parallel: bool = True,
+    only: Optional[Mapping[str, str]] = None,
+    batch_axes: tuple[str, ...] = (),
+) -> Plan:
     """Plan a captured Wan DiT graph.
 
     Args:
@@ -79,8 +89,9 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | N
     hw = _profile(hardware, mesh)
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
-    ctx, groups, edges, tables, excluded = _build(graph, mesh, hw, num_blocks, weight_copies, values,
-                                                 sequence_parallel, only, tuple(batch_axes))
+    ctx, groups, edges, tables, excluded = _build(
+        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes)
+    )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
     memory_kib = int((budget - fixed) // KIB)
@@ -91,19 +102,28 @@ def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | N
         raise SolverTimeout(
             f"the solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status {e.status}) on mesh "
             f"{mesh} for {graph.model or 'this model'}; raise the time limit (time_limit_s=, `wancompile plan --time-limit`)",
-            time_limit_s=time_limit_s) from None
+            time_limit_s=time_limit_s,
+        ) from None
     except Infeasible:
         need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
         need_gb = budget_gb(need_kib, fixed)
         meshes = _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only)
-        advice = (", or use a larger mesh: " + "; ".join(f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes)
-                  if meshes else "; no larger system mesh (" + ", ".join(str(m) for m in _system_meshes(mesh)) + ") fits it either"
-                  if _system_meshes(mesh) else "")
+        advice = (
+            ", or use a larger mesh: "
+            + "; ".join(f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes)
+            if meshes
+            else "; no larger system mesh (" + ", ".join(str(m) for m in _system_meshes(mesh)) + ") fits it either"
+            if _system_meshes(mesh)
+            else ""
+        )
         raise MemoryBudgetError(
             f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
             f" x{weight_copies} weight set(s): the smallest plan on this mesh needs {need_gb:.6g} GB per device. "
             f"Raise memory_gb to at least {need_gb:.6g}" + advice,
-            budget_gb=budget / 1e9, need_gb=need_gb, meshes=tuple(str(m) for m, _ in meshes)) from None
+            budget_gb=budget / 1e9,
+            need_gb=need_gb,
+            meshes=tuple(str(m) for m, _ in meshes),
+        ) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)
     return ctx.assemble(chosen, res, decisions, model or graph.model)
@@ -130,8 +150,10 @@ def _build(graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel
 def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
     """Native meshes of the hardware profiles with more devices than `mesh` (smallest first), named
     like `mesh` when it is 2-D: the meshes that exist to suggest."""
-    shapes = sorted({p.mesh_shape for p in PROFILES.values() if math.prod(p.mesh_shape) > mesh.size},
-                    key=lambda s: (math.prod(s), s))
+    shapes = sorted(
+        {p.mesh_shape for p in PROFILES.values() if math.prod(p.mesh_shape) > mesh.size},
+        key=lambda s: (math.prod(s), s),
+    )
     names = mesh.axis_names if len(mesh.shape) == 2 else None
     return [MeshSpec(tuple(s), tuple(names) if names else ("batch", "model")) for s in shapes]
 
@@ -155,8 +177,17 @@ def _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, s
 
 
 class _Ctx:
-    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, st: Structure, n: int, copies: int,
-                 vals: dict, batch_axes: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: MeshSpec,
+        hw: HardwareProfile,
+        st: Structure,
+        n: int,
+        copies: int,
+        vals: dict,
+        batch_axes: tuple[str, ...] = (),
+    ):
         self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
         self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
         self.inputs = self._batch_inputs()
@@ -167,8 +198,9 @@ class _Ctx:
     # --- pricing ------------------------------------------------------------------------------
 
     def _base_layouts(self) -> dict:
-        ev = evaluate(self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary=self.inputs,
-                      values=self.vals)
+        ev = evaluate(
+            self.g, [self.g[x] for x in self.st.prologue], self.mesh, self.hw, boundary=self.inputs, values=self.vals
+        )
         return ev.layouts
 
     def _batch_inputs(self) -> dict:
@@ -192,18 +224,27 @@ class _Ctx:
             return frozenset()
         ev = evaluate(self.g, list(self.g), self.mesh, self.hw, boundary=self.inputs, values=self.vals)
         k = len(self.batch_axes)
-        out = frozenset(name for name, lays in ev.layouts.items()
-                        if lays and lays[0] is not None and lays[0].ndim and lays[0].dims[0][:k] == self.batch_axes)
+        out = frozenset(
+            name
+            for name, lays in ev.layouts.items()
+            if lays and lays[0] is not None and lays[0].ndim and lays[0].dims[0][:k] == self.batch_axes
+        )
         for name in (self.st.entry, self.st.block_output, self.st.exit):
             if name not in out:
-                raise PlanError(f"the batch split over {self.batch_axes} does not reach {self.g[name].location} on "
-                                "dim 0 (an op without a batch-preserving rule on the way); this graph cannot be "
-                                "planned batch-split")
+                raise PlanError(
+                    f"the batch split over {self.batch_axes} does not reach {self.g[name].location} on "
+                    "dim 0 (an op without a batch-preserving rule on the way); this graph cannot be "
+                    "planned batch-split"
+                )
         return out
 
     def lift(self, name: str, lay: Layout) -> Layout:
         """`lay` with the batch axes put major on dim 0 if node `name` carries the batch."""
-        if not self.batch_axes or name not in self.batch_nodes or lay.dims[0][:len(self.batch_axes)] == self.batch_axes:
+        if (
+            not self.batch_axes
+            or name not in self.batch_nodes
+            or lay.dims[0][: len(self.batch_axes)] == self.batch_axes
+        ):
             return lay
         return lay.with_dim(0, self.batch_axes + lay.dims[0])
 
@@ -234,7 +275,15 @@ class _Ctx:
         if m.in_block:
             for x in self.crossing(m):
                 boundary[x] = (self.stream(s.sigma),)
-        return evaluate(self.g, [self.g[x] for x in m.nodes], self.mesh, self.hw, boundary=boundary, forced=s.forced, values=self.vals)
+        return evaluate(
+            self.g,
+            [self.g[x] for x in m.nodes],
+            self.mesh,
+            self.hw,
+            boundary=boundary,
+            forced=s.forced,
+            values=self.vals,
+        )
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
         total = 0.0
@@ -260,12 +309,22 @@ class _Ctx:
         boundary = dict(self.base)
         for x in self.st.epilogue:
             for i in self.g[x].inputs:
-                if self.g[i].block is not None and self.g[i].outputs and self.g[i].out.shape == self.g[self.st.entry].out.shape:
+                if (
+                    self.g[i].block is not None
+                    and self.g[i].outputs
+                    and self.g[i].out.shape == self.g[self.st.entry].out.shape
+                ):
                     boundary[i] = (self.stream(sigma),)
         exit_ = self.g[self.st.exit]
-        epi = evaluate(self.g, [self.g[x] for x in self.st.epilogue], self.mesh, self.hw, boundary=boundary,
-                       forced={exit_.name: self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))},
-                       values=self.vals)
+        epi = evaluate(
+            self.g,
+            [self.g[x] for x in self.st.epilogue],
+            self.mesh,
+            self.hw,
+            boundary=boundary,
+            forced={exit_.name: self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))},
+            values=self.vals,
+        )
         pro.events.extend(epi.events)
         pro.compute_seconds += epi.compute_seconds
         pro.guards.extend(epi.guards)
@@ -278,8 +337,9 @@ class _Ctx:
         first = self.st.block_macros[0].name
         ends = {}
         for m in self.st.block_macros + self.st.root_macros:
-            opts, why = strategies(self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals,
-                                   exclude=self.batch_axes)
+            opts, why = strategies(
+                self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals, exclude=self.batch_axes
+            )
             opts = [self.lift_strategy(s) for s in opts]
             if not getattr(self, "sequence_parallel", True):
                 opts = [s for s in opts if not s.sigma]
@@ -287,8 +347,10 @@ class _Ctx:
                 pattern = self.only[m.name]
                 kept = [s for s in opts if re.search(pattern, s.name)]
                 if not kept:
-                    raise PlanError(f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
-                                    + ", ".join(s.name for s in opts))
+                    raise PlanError(
+                        f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
+                        + ", ".join(s.name for s in opts)
+                    )
                 why = why + [f"restricted by only={pattern!r}: " + ", ".join(s.name for s in opts if s not in kept)]
                 opts = kept
             options = []
@@ -301,8 +363,16 @@ class _Ctx:
                         ends[s.sigma] = self.ends(s.sigma)
                     once = to_ns(ends[s.sigma].seconds)
                 # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
-                options.append(Option(s.name, s.sigma, to_ns(ev.seconds), once, math.ceil(self.param_bytes(m, s) / KIB),
-                                      math.ceil(ev.peak_bytes * 3 / KIB)))
+                options.append(
+                    Option(
+                        s.name,
+                        s.sigma,
+                        to_ns(ev.seconds),
+                        once,
+                        math.ceil(self.param_bytes(m, s) / KIB),
+                        math.ceil(ev.peak_bytes * 3 / KIB),
+                    )
+                )
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
         self.ends_evals = ends
@@ -312,8 +382,10 @@ class _Ctx:
         if k == l:
             return 0.0
         meta = self.g[tensor].out
-        return sum(collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
-                   for kind, axes, shape in redistribute(meta, self.stream(k), self.stream(l), self.mesh))
+        return sum(
+            collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
+            for kind, axes, shape in redistribute(meta, self.stream(k), self.stream(l), self.mesh)
+        )
 
     def edges(self, tables) -> list[Edge]:
         macros = self.st.block_macros
@@ -328,7 +400,9 @@ class _Ctx:
         keys = {m.name: {s.sigma for s in tables[m.name]} for m in macros}
         out = []
         for (a, b), tensors in crossings.items():
-            cost = {(k, l): to_ns(sum(self.reshard_seconds(t, k, l) for t in tensors)) for k in keys[a] for l in keys[b]}
+            cost = {
+                (k, l): to_ns(sum(self.reshard_seconds(t, k, l) for t in tensors)) for k in keys[a] for l in keys[b]
+            }
             out.append(Edge(a, b, self.n, cost))
         return out
 
@@ -343,8 +417,17 @@ class _Ctx:
         for g in groups:
             opts = tables[g.name]
             for want in ((sp, tp), ((), tp), (sp, ()), ((), ())):
-                i = next((i for i, s in enumerate(opts) if (s.sigma if g.count > 1 else ()) == (want[0] if g.count > 1 else ())
-                          and s.tp == want[1] and not s.fsdp and not s.ulysses), None)
+                i = next(
+                    (
+                        i
+                        for i, s in enumerate(opts)
+                        if (s.sigma if g.count > 1 else ()) == (want[0] if g.count > 1 else ())
+                        and s.tp == want[1]
+                        and not s.fsdp
+                        and not s.ulysses
+                    ),
+                    None,
+                )
                 if i is not None:
                     out[g.name] = i
                     break
@@ -363,8 +446,16 @@ class _Ctx:
             return (g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e9
 
         def edge_s(choice) -> float:
-            return sum(e.count * e.cost_ns.get((by_name[e.src].options[choice[e.src]].key, by_name[e.dst].options[choice[e.dst]].key), 0)
-                       for e in edges) / 1e9
+            return (
+                sum(
+                    e.count
+                    * e.cost_ns.get(
+                        (by_name[e.src].options[choice[e.src]].key, by_name[e.dst].options[choice[e.dst]].key), 0
+                    )
+                    for e in edges
+                )
+                / 1e9
+            )
 
         def others(g, choice) -> float:
             return sum(own(h, choice[h.name]) for h in groups if h.name != g.name)
@@ -374,10 +465,18 @@ class _Ctx:
             d_edge = edge_s(alt_choice) - edge_s(res.choice)
             d_other = others(g, alt_choice) - others(g, res.choice)
             txt = f"this macro {d_node * 1e3:+.3f} ms, stream-layout edges {d_edge * 1e3:+.3f} ms, other macros {d_other * 1e3:+.3f} ms"
-            moved = [f"{h.name} -> {h.options[alt_choice[h.name]].name}" for h in groups
-                     if h.name != g.name and alt_choice[h.name] != res.choice[h.name]]
+            moved = [
+                f"{h.name} -> {h.options[alt_choice[h.name]].name}"
+                for h in groups
+                if h.name != g.name and alt_choice[h.name] != res.choice[h.name]
+            ]
             if moved:
-                txt += " (" + ", ".join(moved) + (" to fit the memory budget" if memory_kib is not None and d_other > 0 and d_edge <= 0 else "") + ")"
+                txt += (
+                    " ("
+                    + ", ".join(moved)
+                    + (" to fit the memory budget" if memory_kib is not None and d_other > 0 and d_edge <= 0 else "")
+                    + ")"
+                )
             return txt
 
         for g in groups:
@@ -393,28 +492,38 @@ class _Ctx:
                     alt_j = alt.choice[g.name]
                     rejected = g.options[alt_j].name
                     rcost = alt.objective_ns / 1e9
-                    note += (f"; next best: {rejected}, plan total {rcost * 1e3:.3f} ms ({rcost * 1e3 - cost * 1e3:+.3f} ms: "
-                             + why_worse(g, alt.choice) + ")")
+                    note += (
+                        f"; next best: {rejected}, plan total {rcost * 1e3:.3f} ms ({rcost * 1e3 - cost * 1e3:+.3f} ms: "
+                        + why_worse(g, alt.choice)
+                        + ")"
+                    )
                 except Infeasible:
                     note += "; every alternative breaks the memory budget"
             else:
                 note += "; only legal option"
-            cheapest = min(range(len(g.options)), key=lambda j: (g.options[j].cost_ns * g.count + g.options[j].once_ns, j))
+            cheapest = min(
+                range(len(g.options)), key=lambda j: (g.options[j].cost_ns * g.count + g.options[j].once_ns, j)
+            )
             if own(g, cheapest) < own(g, i) and cheapest != alt_j:
                 name = g.options[cheapest].name
                 try:
-                    forced = solve(groups, edges, memory_kib=memory_kib,
-                                   only={g.name: cheapest}, time_limit_s=2.0)
-                    note += (f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but its best plan totals "
-                             f"{forced.objective_ns / 1e6:.3f} ms: " + why_worse(g, forced.choice))
+                    forced = solve(groups, edges, memory_kib=memory_kib, only={g.name: cheapest}, time_limit_s=2.0)
+                    note += (
+                        f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but its best plan totals "
+                        f"{forced.objective_ns / 1e6:.3f} ms: " + why_worse(g, forced.choice)
+                    )
                 except Infeasible:
                     note += f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but no plan with it fits the memory budget"
             if excluded[g.name]:
                 note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
             ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
-            note += "; options on their own (ms per forward): " + ", ".join(f"{g.options[j].name}={own(g, j) * 1e3:.3f}" for j in ranked)
+            note += "; options on their own (ms per forward): " + ", ".join(
+                f"{g.options[j].name}={own(g, j) * 1e3:.3f}" for j in ranked
+            )
             mem = o.param_kib * KIB / 1e9
-            note += f"; {mem:.2f} GB weights/device" + (" (weights sharded for memory)" if tables[g.name][i].fsdp else "")
+            note += f"; {mem:.2f} GB weights/device" + (
+                " (weights sharded for memory)" if tables[g.name][i].fsdp else ""
+            )
             where = f"blocks.*.{g.name} (x{g.count})" if g.count > 1 else g.name
             out.append(Decision(where, o.name, cost, rejected, rcost, note))
         return out
@@ -442,36 +551,68 @@ class _Ctx:
             for e in ev.events:
                 events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
             forced_block.update(s.forced)
-        for (a, b, l_sig) in self._sigma_changes(chosen):
+        for a, b, l_sig in self._sigma_changes(chosen):
             forced_block[a] = self.stream(l_sig)
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
-        collectives = tuple(Collective(kind, axes, nbytes, count, where) for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3]))
+        collectives = tuple(
+            Collective(kind, axes, nbytes, count, where)
+            for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
+        )
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
         self._sigmas = [chosen[m.name].sigma for m in self.st.block_macros]
         acts = self._activations(forced_block, sigma0)
-        memory = sum(self._local_bytes(self.g[n].out, params.get(self.g[n].param)) for n in (x.name for x in self.g.params())
-                     if self.g[n].block in (None, 0)) * self.copies
-        memory += sum(self._local_bytes(self.g[n].out, params.get(self.g[n].param)) for n in (x.name for x in self.g.params())
-                      if self.g[n].block == 0) * (self.n - 1) * self.copies
-        act_peak = max(ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname)
+        memory = (
+            sum(
+                self._local_bytes(self.g[n].out, params.get(self.g[n].param))
+                for n in (x.name for x in self.g.params())
+                if self.g[n].block in (None, 0)
+            )
+            * self.copies
+        )
+        memory += (
+            sum(
+                self._local_bytes(self.g[n].out, params.get(self.g[n].param))
+                for n in (x.name for x in self.g.params())
+                if self.g[n].block == 0
+            )
+            * (self.n - 1)
+            * self.copies
+        )
+        act_peak = max(
+            ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
+        )
         memory += act_peak * 3
         nsp = shard_count(self.mesh, sigma0)
         if self.hw.tile > 1 and nsp > 1:
-            guards.append(Guard(str(self.st.tokens), nsp * self.hw.tile, f"{self.hw.tile}-token tiles per device; otherwise pad"))
-        notes = [f"planned from {self.st.captured_blocks} captured block(s); block decisions shared by all {self.n} blocks and expanded by name",
-                 f"predicted time = compute + comm, no overlap assumed; {self.copies} weight set(s) resident"]
+            guards.append(
+                Guard(str(self.st.tokens), nsp * self.hw.tile, f"{self.hw.tile}-token tiles per device; otherwise pad")
+            )
+        notes = [
+            f"planned from {self.st.captured_blocks} captured block(s); block decisions shared by all {self.n} blocks and expanded by name",
+            f"predicted time = compute + comm, no overlap assumed; {self.copies} weight set(s) resident",
+        ]
         notes += [f"warning: {w}" for w in dict.fromkeys(warnings)]
         if any(s.fsdp for s in chosen.values()):
-            notes.append("memory forces weight sharding: " + ", ".join(f"{m} {s.name}" for m, s in chosen.items() if s.fsdp))
-        plan = Plan(model=model, mesh=self.mesh, params=params, activations=acts, hardware=self.hw.name,
-                    collectives=collectives,
-                    predicted=Predicted(compute + comm, compute, comm, int(memory)),
-                    solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
-                    decisions=tuple(decisions), notes=tuple(notes), weight_sets=self.copies,
-                    geometry=model_geometry(self.g))
+            notes.append(
+                "memory forces weight sharding: " + ", ".join(f"{m} {s.name}" for m, s in chosen.items() if s.fsdp)
+            )
+        plan = Plan(
+            model=model,
+            mesh=self.mesh,
+            params=params,
+            activations=acts,
+            hardware=self.hw.name,
+            collectives=collectives,
+            predicted=Predicted(compute + comm, compute, comm, int(memory)),
+            solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
+            decisions=tuple(decisions),
+            notes=tuple(notes),
+            weight_sets=self.copies,
+            geometry=model_geometry(self.g),
+        )
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
@@ -510,46 +651,73 @@ class _Ctx:
         for name in list(out):
             if name.startswith("blocks.0."):
                 for k in range(self.n):
-                    out.setdefault(f"blocks.{k}." + name[len("blocks.0."):], out[name])
+                    out.setdefault(f"blocks.{k}." + name[len("blocks.0.") :], out[name])
         return out
 
     def _activations(self, forced: dict[str, Layout], sigma0) -> tuple[ActivationConstraint, ...]:
         entry = self.g[self.st.entry]
-        acts = [ActivationConstraint(entry.location, self.stream(sigma0).to_spec(), entry.out.shape,
-                                     reason="block-stack entry: tokens split over the SP axes (a transpose copy, not a reshape)")]
+        acts = [
+            ActivationConstraint(
+                entry.location,
+                self.stream(sigma0).to_spec(),
+                entry.out.shape,
+                reason="block-stack entry: tokens split over the SP axes (a transpose copy, not a reshape)",
+            )
+        ]
         if entry.op == "pad" and any(sigma0):
             # sp_pad's token padding: keep its input whole, so the split starts after the pad (a free
             # local slice). Left to propagation, GSPMD splits the unpadded tokens and shifts them into
             # the padded shards with a collective-permute (45 -> 64 tokens over 4: 12 vs 16 per device).
             src = self.g[entry.inputs[0]]
             whole = self.lift(src.name, Layout.replicated(len(src.out.shape))).to_spec()
-            acts.insert(0, ActivationConstraint(src.location, whole, src.out.shape,
-                                                reason="tokens whole before SP padding"))
+            acts.insert(
+                0, ActivationConstraint(src.location, whole, src.out.shape, reason="tokens whole before SP padding")
+            )
         for name, lay in forced.items():
             node = self.g[name]
             if node.block is None:
                 acts.append(ActivationConstraint(node.location, lay.to_spec(), node.out.shape, reason=_reason(node)))
                 continue
             for k in range(self.n):
-                loc = type(node.location)(re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module), node.location.op, node.location.occurrence)
+                loc = type(node.location)(
+                    re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module),
+                    node.location.op,
+                    node.location.occurrence,
+                )
                 acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node)))
         if any(s for s in self._sigmas):
             from planner.hand_plans import _rope_tables
 
             for table in _rope_tables(self.g):
-                acts.append(ActivationConstraint(
-                    table.location, (None,) * len(table.out.shape), table.out.shape,
-                    reason="RoPE table kept replicated: each device slices its token rows locally (unconstrained, GSPMD "
-                           "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)"))
+                acts.append(
+                    ActivationConstraint(
+                        table.location,
+                        (None,) * len(table.out.shape),
+                        table.out.shape,
+                        reason="RoPE table kept replicated: each device slices its token rows locally (unconstrained, GSPMD "
+                        "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)",
+                    )
+                )
         exit_ = self.g[self.st.exit]
         exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
-        acts.append(ActivationConstraint(exit_.location, exit_lay.to_spec(), exit_.out.shape,
-                                         reason="exit: tokens gathered before unpatchify"
-                                         + (" (batch stays split: each half keeps its branch)"
-                                            if self.batch_axes else "")))
-        inputs = [ActivationConstraint(self.g[x].location, lays[0].to_spec(), self.g[x].out.shape,
-                                       reason="model input split on the batch: one CFG branch per half of the mesh")
-                  for x, lays in self.inputs.items()]
+        acts.append(
+            ActivationConstraint(
+                exit_.location,
+                exit_lay.to_spec(),
+                exit_.out.shape,
+                reason="exit: tokens gathered before unpatchify"
+                + (" (batch stays split: each half keeps its branch)" if self.batch_axes else ""),
+            )
+        )
+        inputs = [
+            ActivationConstraint(
+                self.g[x].location,
+                lays[0].to_spec(),
+                self.g[x].out.shape,
+                reason="model input split on the batch: one CFG branch per half of the mesh",
+            )
+            for x, lays in self.inputs.items()
+        ]
         return tuple(inputs + acts)
 
 
@@ -569,8 +737,15 @@ def _to_block0(name: str) -> str:
     return re.sub(r"^blocks\.\d+\.", "blocks.0.", name)
 
 
-def price_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile, *, num_blocks: Optional[int] = None,
-               weight_copies: int = 1, values: Optional[Mapping[str, int]] = None) -> Predicted:
+def price_plan(
+    graph: Graph,
+    plan: Plan,
+    hardware: str | HardwareProfile,
+    *,
+    num_blocks: Optional[int] = None,
+    weight_copies: int = 1,
+    values: Optional[Mapping[str, int]] = None,
+) -> Predicted:
     """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
     st = find_structure(graph)
@@ -589,17 +764,39 @@ def price_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile, *, num
         for i in graph[x].inputs:
             if graph[i].block is not None and graph[i].outputs and graph[i].out.shape == graph[st.entry].out.shape:
                 epi_in[i] = out_lay
-    ev_epi = evaluate(graph, [graph[x] for x in st.epilogue], mesh, hw, boundary={**ev_pre.layouts, **boundary, **epi_in}, forced=forced, values=vals)
+    ev_epi = evaluate(
+        graph,
+        [graph[x] for x in st.epilogue],
+        mesh,
+        hw,
+        boundary={**ev_pre.layouts, **boundary, **epi_in},
+        forced=forced,
+        values=vals,
+    )
     b0_names = {x.name for x in b0}
     ctx = _Ctx.__new__(_Ctx)
     ctx.g, ctx.mesh, ctx.vals = graph, mesh, vals
     comm = ev_epi.comm_seconds + sum(e.seconds * (n if _generic(e.where) != e.where else 1) for e in ev_pre.events)
     compute = ev_epi.compute_seconds
-    ev_blk = evaluate(graph, b0, mesh, hw, boundary={k: v for k, v in {**ev_pre.layouts, **boundary}.items() if k not in b0_names},
-                      forced=forced, values=vals)
+    ev_blk = evaluate(
+        graph,
+        b0,
+        mesh,
+        hw,
+        boundary={k: v for k, v in {**ev_pre.layouts, **boundary}.items() if k not in b0_names},
+        forced=forced,
+        values=vals,
+    )
     ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, values=vals)
     compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
-    memory = sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0)) * weight_copies
-    memory += sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block == 0) * (n - 1) * weight_copies
+    memory = (
+        sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0))
+        * weight_copies
+    )
+    memory += (
+        sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block == 0)
+        * (n - 1)
+        * weight_copies
+    )
     memory += max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes) * 3
     return Predicted(compute + comm, compute, comm, int(memory))

@@ -65,8 +65,17 @@ def normalize_mode(value: Union[str, bool, None]) -> str:
     if value is False:
         return "off"
     text = str(value).strip().lower()
-    aliases = {"auto": "auto", "on": "on", "true": "on", "1": "on", "yes": "on",
-               "off": "off", "false": "off", "0": "off", "no": "off"}
+    aliases = {
+        "auto": "auto",
+        "on": "on",
+        "true": "on",
+        "1": "on",
+        "yes": "on",
+        "off": "off",
+        "false": "off",
+        "0": "off",
+        "no": "off",
+    }
     if text not in aliases:
         raise PlanError(f"cfg_parallel must be auto, on (true) or off (false); got {value!r}")
     return aliases[text]
@@ -85,8 +94,10 @@ def split_mesh(mesh: MeshSpec, axis: str) -> MeshSpec:
         raise PlanError(f"cannot split mesh axis {axis!r} of size {n} of mesh {mesh} in two for CFG parallel")
     if CFG_AXIS in mesh.axis_names:
         raise PlanError(f"mesh {mesh} {mesh.axis_names} already has an axis named {CFG_AXIS!r}")
-    return MeshSpec(mesh.shape[:i] + (2, n // 2) + mesh.shape[i + 1:],
-                    mesh.axis_names[:i] + (CFG_AXIS, axis) + mesh.axis_names[i + 1:])
+    return MeshSpec(
+        mesh.shape[:i] + (2, n // 2) + mesh.shape[i + 1 :],
+        mesh.axis_names[:i] + (CFG_AXIS, axis) + mesh.axis_names[i + 1 :],
+    )
 
 
 def split_profile(hw: HardwareProfile, mesh: MeshSpec, axis: str) -> HardwareProfile:
@@ -94,12 +105,18 @@ def split_profile(hw: HardwareProfile, mesh: MeshSpec, axis: str) -> HardwarePro
     i = mesh.axis_index(axis)
     links = [hw.axis(j, n) for j, n in enumerate(mesh.shape)]
     parent = links[i]
-    segment = parent if parent.topology == "switch" else replace(
-        parent, topology="line", note=f"contiguous half of {parent.topology} axis {axis!r}: a line")
-    cfg = replace(parent, topology="line" if parent.topology != "switch" else "switch",
-                  note=f"the two halves of axis {axis!r} (no collective expected on it)")
+    segment = (
+        parent
+        if parent.topology == "switch"
+        else replace(parent, topology="line", note=f"contiguous half of {parent.topology} axis {axis!r}: a line")
+    )
+    cfg = replace(
+        parent,
+        topology="line" if parent.topology != "switch" else "switch",
+        note=f"the two halves of axis {axis!r} (no collective expected on it)",
+    )
     split = split_mesh(mesh, axis)
-    return replace(hw, mesh_shape=split.shape, axes=tuple(links[:i] + [cfg, segment] + links[i + 1:]))
+    return replace(hw, mesh_shape=split.shape, axes=tuple(links[:i] + [cfg, segment] + links[i + 1 :]))
 
 
 def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
@@ -110,9 +127,15 @@ def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
     return split_profile(hw, c.base_mesh, c.option(c.chosen).split_axis)
 
 
-def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile] = "wh-loudbox", *,
-             cfg_parallel: Union[str, bool, None] = "auto", cfg_axes: Optional[tuple[str, ...]] = None,
-             **kwargs: Any) -> Plan:
+def plan_dit(
+    graph: Graph,
+    mesh: MeshSpec,
+    hardware: Union[str, HardwareProfile] = "wh-loudbox",
+    *,
+    cfg_parallel: Union[str, bool, None] = "auto",
+    cfg_axes: Optional[tuple[str, ...]] = None,
+    **kwargs: Any,
+) -> Plan:
     """Plan a DiT graph with the CFG-parallel choice (module docstring); `kwargs` go to `plan_graph`.
     `cfg_axes`: the mesh axes that may be halved (default: the major-most axis of size > 1, see the module
     docstring); among several, the cost picks.
@@ -130,7 +153,8 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
         if mode == "on":
             raise PlanError(
                 f"cfg_parallel=on needs the CFG pair as one forward of even batch (cond and uncond concatenated); "
-                f"this graph's batch is {batch}. Call the transformer with batch 2, or use cfg_parallel=auto/off")
+                f"this graph's batch is {batch}. Call the transformer with batch 2, or use cfg_parallel=auto/off"
+            )
         return plan_graph(graph, mesh, hw, **kwargs)
     for a in cfg_axes or ():
         mesh.axis_index(a)
@@ -138,16 +162,26 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
         cfg_axes = tuple(a for a, n in zip(mesh.axis_names, mesh.shape) if n > 1)[:1]
     axes = [a for a, n in zip(mesh.axis_names, mesh.shape) if n % 2 == 0 and a in cfg_axes]
     if mode == "on" and not axes:
-        raise PlanError(f"cfg_parallel=on: mesh {mesh} {mesh.axis_names} has no axis to split in two among "
-                        f"{list(cfg_axes) or 'its axes of size > 1'} (the major-most axis of size > 1 must be even; "
-                        "pass cfg_axes to try others); use another mesh, or cfg_parallel=auto/off")
+        raise PlanError(
+            f"cfg_parallel=on: mesh {mesh} {mesh.axis_names} has no axis to split in two among "
+            f"{list(cfg_axes) or 'its axes of size > 1'} (the major-most axis of size > 1 must be even; "
+            "pass cfg_axes to try others); use another mesh, or cfg_parallel=auto/off"
+        )
     plans: dict[str, Plan] = {}
     options = [_option("off", mesh, None, lambda: plan_graph(graph, mesh, hw, **kwargs), plans)]
     for axis in axes:
         split = split_mesh(mesh, axis)
-        options.append(_option(f"split({axis})", split, axis,
-                               lambda s=split, a=axis: plan_graph(graph, s, split_profile(hw, mesh, a),
-                                                                  batch_axes=(CFG_AXIS,), **kwargs), plans))
+        options.append(
+            _option(
+                f"split({axis})",
+                split,
+                axis,
+                lambda s=split, a=axis: plan_graph(
+                    graph, s, split_profile(hw, mesh, a), batch_axes=(CFG_AXIS,), **kwargs
+                ),
+                plans,
+            )
+        )
     domain = [o for o in options if mode == "auto" or (mode == "on") == (o.split_axis is not None)]
     allowed = [o for o in domain if o.feasible]
     if not allowed:
@@ -156,8 +190,11 @@ def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile]
     best = min(allowed, key=lambda o: (o.step_seconds, o.split_axis is not None))
     record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
     plan = plans[best.name]
-    return plan.with_(cfg_parallel=record, decisions=(_decision(record, best),) + plan.decisions,
-                      notes=plan.notes + (_note(record, best),))
+    return plan.with_(
+        cfg_parallel=record,
+        decisions=(_decision(record, best),) + plan.decisions,
+        notes=plan.notes + (_note(record, best),),
+    )
 
 
 def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -> CfgOption:
@@ -174,26 +211,41 @@ def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -
 def _describe(o: CfgOption) -> str:
     if not o.feasible:
         return f"{o.name} on {o.mesh} {o.mesh.axis_names}: no plan ({o.reason})"
-    return (f"{o.name} on {o.mesh} {o.mesh.axis_names}: {o.step_seconds * 1e3:.3f} ms/step (compute "
-            f"{o.compute_seconds * 1e3:.3f} + comm {o.comm_seconds * 1e3:.3f}), "
-            f"{o.memory_bytes_per_device / 1e9:.2f} GB/device")
+    return (
+        f"{o.name} on {o.mesh} {o.mesh.axis_names}: {o.step_seconds * 1e3:.3f} ms/step (compute "
+        f"{o.compute_seconds * 1e3:.3f} + comm {o.comm_seconds * 1e3:.3f}), "
+        f"{o.memory_bytes_per_device / 1e9:.2f} GB/device"
+    )
 
 
 def _decision(record: CfgParallel, best: CfgOption) -> Decision:
     rest = sorted((o for o in record.options if o.feasible and o.name != best.name), key=lambda o: o.step_seconds)
     runner = rest[0] if rest else None
-    note = (f"mode {record.mode}; chosen " + _describe(best) + "; " + "; ".join(_describe(o) for o in record.options
-                                                                                  if o.name != best.name))
+    note = (
+        f"mode {record.mode}; chosen "
+        + _describe(best)
+        + "; "
+        + "; ".join(_describe(o) for o in record.options if o.name != best.name)
+    )
     if record.mode != "auto" and runner is not None and runner.step_seconds < best.step_seconds:
-        note += (f"; forced by cfg_parallel={record.mode} ({runner.name} would be "
-                 f"{runner.step_seconds * 1e3:.3f} ms/step)")
-    return Decision("cfg-parallel", best.name, best.step_seconds, runner.name if runner else "",
-                    runner.step_seconds if runner else None, note)
+        note += (
+            f"; forced by cfg_parallel={record.mode} ({runner.name} would be {runner.step_seconds * 1e3:.3f} ms/step)"
+        )
+    return Decision(
+        "cfg-parallel",
+        best.name,
+        best.step_seconds,
+        runner.name if runner else "",
+        runner.step_seconds if runner else None,
+        note,
+    )
 
 
 def _note(record: CfgParallel, best: CfgOption) -> str:
     if best.split_axis is None:
         return f"CFG parallel off: the batch-{record.batch} forward runs on the whole mesh {record.base_mesh}"
-    return (f"CFG parallel: mesh {record.base_mesh} split on {best.split_axis!r} into {best.mesh} "
-            f"{best.mesh.axis_names}; batch {record.batch} split over {record.axis!r} (one branch per half), "
-            "parameters replicated over it")
+    return (
+        f"CFG parallel: mesh {record.base_mesh} split on {best.split_axis!r} into {best.mesh} "
+        f"{best.mesh.axis_names}; batch {record.batch} split over {record.axis!r} (one branch per half), "
+        "parameters replicated over it"
+    )

@@ -43,7 +43,9 @@ class Location:
             op, occ = rest.rsplit("#", 1)
             return cls(module, op, int(occ))
         except ValueError:
-            raise ValueError(f"bad location {text!r}: expected 'module.path:op#occurrence', e.g. 'blocks.0.attn1:linear#0'") from None
+            raise ValueError(
+                f"bad location {text!r}: expected 'module.path:op#occurrence', e.g. 'blocks.0.attn1:linear#0'"
+            ) from None
 
 
 @dataclass(frozen=True)
@@ -72,8 +74,20 @@ class TensorMeta:
 
 
 DTYPE_BYTES = {
-    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "float8_e4m3fn": 1, "float8_e5m2": 1,
-    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1, "complex64": 8, "complex128": 16,
+    "float64": 8,
+    "float32": 4,
+    "float16": 2,
+    "bfloat16": 2,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+    "int64": 8,
+    "int32": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "complex128": 16,
 }
 
 
@@ -176,9 +190,14 @@ class Graph:
                 "model": self.model,
                 "nodes": [
                     {
-                        "name": n.name, "op": n.op, "inputs": list(n.inputs),
-                        "outputs": [meta(t) for t in n.outputs], "module": n.module,
-                        "location": str(n.location), "param": n.param, "block": n.block,
+                        "name": n.name,
+                        "op": n.op,
+                        "inputs": list(n.inputs),
+                        "outputs": [meta(t) for t in n.outputs],
+                        "module": n.module,
+                        "location": str(n.location),
+                        "param": n.param,
+                        "block": n.block,
                     }
                     for n in self.nodes
                 ],

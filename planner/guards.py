@@ -37,7 +37,9 @@ class GuardCheck:
     def __str__(self) -> str:
         if self.action == "reuse":
             return "all guards hold: reuse the plan"
-        return f"{self.action}: broken {', '.join(self.broken)}" + (f"; pad to {self.padded}" if self.action == "pad" else "")
+        return f"{self.action}: broken {', '.join(self.broken)}" + (
+            f"; pad to {self.padded}" if self.action == "pad" else ""
+        )
 
 
 def check_guards(plan: Plan, values: dict[str, int], *, max_pad: float = 0.05) -> GuardCheck:

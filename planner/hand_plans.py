@@ -95,25 +95,60 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
                 f"the tt-xla plan splits the sequence of {tokens} tokens (latent frames x height/2 x width/2) over the "
                 f"'{sp}' axis of size {nsp}, which does not divide {tokens}; add the sp_pad rewrite "
                 f"(rewrites=['sp_pad']: pads the tokens to a multiple of {nsp} and masks the padding), or use a mesh "
-                f"whose '{sp}' axis divides {tokens}, or a resolution / frame count whose token count {nsp} divides")
-        acts.append(ActivationConstraint(entry.location, (None, sp, None), entry.out.shape, reason="SP: tokens sharded at the block-stack entry"))
+                f"whose '{sp}' axis divides {tokens}, or a resolution / frame count whose token count {nsp} divides"
+            )
+        acts.append(
+            ActivationConstraint(
+                entry.location, (None, sp, None), entry.out.shape, reason="SP: tokens sharded at the block-stack entry"
+            )
+        )
         if entry.op == "pad":  # sp_pad: split after the padding, not before it (see planner.autoplan)
             src = graph[entry.inputs[0]]
-            acts.insert(0, ActivationConstraint(src.location, (None,) * len(src.out.shape), src.out.shape, reason="tokens whole before SP padding"))
+            acts.insert(
+                0,
+                ActivationConstraint(
+                    src.location, (None,) * len(src.out.shape), src.out.shape, reason="tokens whole before SP padding"
+                ),
+            )
         for table in _rope_tables(graph):
-            acts.append(ActivationConstraint(table.location, (None, sp, None, None), table.out.shape, reason="SP: rope table sharded like the tokens"))
+            acts.append(
+                ActivationConstraint(
+                    table.location,
+                    (None, sp, None, None),
+                    table.out.shape,
+                    reason="SP: rope table sharded like the tokens",
+                )
+            )
             if table.op == "pad":
                 src = graph[table.inputs[0]]
-                acts.append(ActivationConstraint(src.location, (None,) * len(src.out.shape), src.out.shape, reason="rope table whole before SP padding"))
+                acts.append(
+                    ActivationConstraint(
+                        src.location,
+                        (None,) * len(src.out.shape),
+                        src.out.shape,
+                        reason="rope table whole before SP padding",
+                    )
+                )
         exit_ = _find(graph, "proj_out", "linear")[-1]
-        acts.append(ActivationConstraint(exit_.location, (None,) * len(exit_.out.shape), exit_.out.shape, reason="gather tokens before unpatchify"))
+        acts.append(
+            ActivationConstraint(
+                exit_.location,
+                (None,) * len(exit_.out.shape),
+                exit_.out.shape,
+                reason="gather tokens before unpatchify",
+            )
+        )
         if kv_gather:
             for sdpa in graph:
                 if sdpa.op == "scaled_dot_product_attention" and sdpa.module.endswith("attn1"):
                     _, k, v = _sdpa_inputs(graph, sdpa)
                     for t in (k, v):
                         spec = (None, tp if ntp > 1 else None, None, None)
-                        acts.append(ActivationConstraint(t.location, spec, t.out.shape, reason="SP: all-gather K/V on tokens before SDPA"))
+                        acts.append(
+                            ActivationConstraint(
+                                t.location, spec, t.out.shape, reason="SP: all-gather K/V on tokens before SDPA"
+                            )
+                        )
 
     plan = Plan(
         model=model or graph.model,
@@ -122,7 +157,10 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
         activations=tuple(acts),
         solver=SolverInfo(status="hand-written"),
         geometry=model_geometry(graph),
-        notes=("tt-xla hand plan (seed 000): TP on heads as Megatron pairs, SP on tokens" + ("" if kv_gather else ", no K/V constraint"),),
+        notes=(
+            "tt-xla hand plan (seed 000): TP on heads as Megatron pairs, SP on tokens"
+            + ("" if kv_gather else ", no K/V constraint"),
+        ),
     )
     return plan.with_(collectives=tuple(predicted_block_bill(graph, plan)))
 
@@ -138,8 +176,14 @@ def _num_heads(graph: Graph) -> int:
 
 def _rope_tables(graph: Graph) -> list[Node]:
     """The rope module's outputs (cos and sin tables, (1, L, 1, d)), after any padding."""
-    return [n for n in graph if n.module == "rope" and n.outputs and len(n.out.shape) == 4
-            and any(u.module != "rope" for u in graph.users(n.name))]
+    return [
+        n
+        for n in graph
+        if n.module == "rope"
+        and n.outputs
+        and len(n.out.shape) == 4
+        and any(u.module != "rope" for u in graph.users(n.name))
+    ]
 
 
 def predicted_block_bill(graph: Graph, plan: Plan) -> list[Collective]:
@@ -152,23 +196,67 @@ def predicted_block_bill(graph: Graph, plan: Plan) -> list[Collective]:
     if ntp > 1:
         for name in ("attn1.to_out.0", "attn2.to_out.0", "ffn.net.2"):
             n = next(x for x in graph if x.block == 0 and x.module.endswith(name) and x.op == "linear")
-            out.append(Collective("all-reduce", (tp,), _bytes(n.out.shape, n.out.itemsize, nsp), nblocks, f"blocks.*.{name} (row-parallel)"))
+            out.append(
+                Collective(
+                    "all-reduce",
+                    (tp,),
+                    _bytes(n.out.shape, n.out.itemsize, nsp),
+                    nblocks,
+                    f"blocks.*.{name} (row-parallel)",
+                )
+            )
         for attn in ("attn1", "attn2"):
             for norm in ("norm_q", "norm_k"):
-                n = next(x for x in graph if x.block == 0 and x.module.endswith(f"{attn}.{norm}") and x.op == "rms_norm")
+                n = next(
+                    x for x in graph if x.block == 0 and x.module.endswith(f"{attn}.{norm}") and x.op == "rms_norm"
+                )
                 shape = tuple(n.out.shape[:-1]) + (1,)
                 per = nsp if (attn == "attn1" or norm == "norm_q") else 1
-                out.append(Collective("all-reduce", (tp,), _bytes(shape, 4, per), nblocks, f"blocks.*.{attn}.{norm} (mean-square stats)"))
+                out.append(
+                    Collective(
+                        "all-reduce",
+                        (tp,),
+                        _bytes(shape, 4, per),
+                        nblocks,
+                        f"blocks.*.{attn}.{norm} (mean-square stats)",
+                    )
+                )
     if nsp > 1:
-        sdpa = next(x for x in graph if x.block == 0 and x.op == "scaled_dot_product_attention" and x.module.endswith("attn1"))
+        sdpa = next(
+            x for x in graph if x.block == 0 and x.op == "scaled_dot_product_attention" and x.module.endswith("attn1")
+        )
         for t in _sdpa_inputs(graph, sdpa)[1:]:
-            out.append(Collective("all-gather", (sp,), _bytes(t.out.shape, t.out.itemsize, ntp), nblocks, f"blocks.*.attn1 {t.name.split('_')[0]} on tokens"))
+            out.append(
+                Collective(
+                    "all-gather",
+                    (sp,),
+                    _bytes(t.out.shape, t.out.itemsize, ntp),
+                    nblocks,
+                    f"blocks.*.attn1 {t.name.split('_')[0]} on tokens",
+                )
+            )
         exit_ = _find(graph, "proj_out", "linear")[-1]
-        out.append(Collective("all-gather", (sp,), _bytes(exit_.out.shape, exit_.out.itemsize, 1), 1, "proj_out output on tokens (exit)"))
+        out.append(
+            Collective(
+                "all-gather",
+                (sp,),
+                _bytes(exit_.out.shape, exit_.out.itemsize, 1),
+                1,
+                "proj_out output on tokens (exit)",
+            )
+        )
     if ntp > 1:
         for emb in ("time_embedder", "text_embedder"):
             n = next(x for x in graph if x.module == f"condition_embedder.{emb}.linear_2" and x.op == "linear")
-            out.append(Collective("all-reduce", (tp,), _bytes(n.out.shape, n.out.itemsize, 1), 1, f"condition_embedder.{emb} (row-parallel)"))
+            out.append(
+                Collective(
+                    "all-reduce",
+                    (tp,),
+                    _bytes(n.out.shape, n.out.itemsize, 1),
+                    1,
+                    f"condition_embedder.{emb} (row-parallel)",
+                )
+            )
     return out
 
 

@@ -69,7 +69,9 @@ class HardwareProfile:
     dram_bw: Figure  # bytes/s per device
     dram_bytes: Figure  # per device
     launch_floor: Figure  # seconds per kernel
-    efficiency: Figure = field(default_factory=lambda: Figure(0.7, "autoparallel cost_models/compute_estimation.py (0.7 of peak)", True))
+    efficiency: Figure = field(
+        default_factory=lambda: Figure(0.7, "autoparallel cost_models/compute_estimation.py (0.7 of peak)", True)
+    )
     tile: int = 1  # token granularity the kernels want per device (TT tiles are 32x32)
 
     def axis(self, index: int, size: int) -> AxisLink:
@@ -83,8 +85,13 @@ class HardwareProfile:
         return self.axes[-1]
 
     def figures(self) -> dict[str, Figure]:
-        out = {"peak_flops": self.peak_flops, "dram_bw": self.dram_bw, "dram_bytes": self.dram_bytes,
-               "launch_floor": self.launch_floor, "efficiency": self.efficiency}
+        out = {
+            "peak_flops": self.peak_flops,
+            "dram_bw": self.dram_bw,
+            "dram_bytes": self.dram_bytes,
+            "launch_floor": self.launch_floor,
+            "efficiency": self.efficiency,
+        }
         for i, ax in enumerate(self.axes):
             for kind, f in ax.fits.items():
                 out[f"axis{i}.{kind}.a"], out[f"axis{i}.{kind}.b"], out[f"axis{i}.{kind}.bw"] = f.a, f.b, f.bw
@@ -110,15 +117,27 @@ def _wh_axis(topology: str, links: int) -> AxisLink:
     for kind, (a, bl, br, wl, wr) in _WH_FIT.items():
         bw = (wr if ring else wl) * links
         fits[kind] = CollectiveFit(
-            Figure(a * US, _F), Figure((br if ring else bl) * US, _F),
-            Figure(bw * GB, _F, inferred=links > 1, note=f"{links} links per neighbour x the one-link fit" if links > 1 else ""))
+            Figure(a * US, _F),
+            Figure((br if ring else bl) * US, _F),
+            Figure(
+                bw * GB,
+                _F,
+                inferred=links > 1,
+                note=f"{links} links per neighbour x the one-link fit" if links > 1 else "",
+            ),
+        )
     return AxisLink(topology, fits, links)
 
 
 _WH_PEAK = Figure(128e12, "D (64 cores x 2 TFLOPS BF16 HiFi2)", True, "per-chip bf16 from per-core rate")
 _WH_DRAM_BW = Figure(288 * GB, "A (n150: 12 GB GDDR6, 288 GB/s)")
 _WH_DRAM = Figure(12 * GB, "A (n300: 24 GB for 2 chips)")
-_TT_LAUNCH = Figure(7 * US, "autoparallel compute_estimation.py (7 µs kernel floor)", True, "GPU figure; no Tenstorrent dispatch figure found")
+_TT_LAUNCH = Figure(
+    7 * US,
+    "autoparallel compute_estimation.py (7 µs kernel floor)",
+    True,
+    "GPU figure; no Tenstorrent dispatch figure found",
+)
 
 # --- Blackhole -----------------------------------------------------------------------------------------
 _G = "G (tt-metal CCL SUMMARY_blackhole_bfloat16_8192 @1080d1c)"
@@ -138,8 +157,10 @@ def _bh_axis(topology: str) -> AxisLink:
     for kind, (t2, t8, wl, wr) in _BH_FIT.items():
         hops8, hops2 = (4, 1) if ring else (7, 1)
         fits[kind] = CollectiveFit(
-            Figure(t2 * US, _G), Figure((t8 - t2) / (hops8 - hops2) * US, _G, True, "latency per hop from n=2 vs n=8 times"),
-            Figure((wr if ring else wl) * GB, _G))
+            Figure(t2 * US, _G),
+            Figure((t8 - t2) / (hops8 - hops2) * US, _G, True, "latency per hop from n=2 vs n=8 times"),
+            Figure((wr if ring else wl) * GB, _G),
+        )
     return AxisLink(topology, fits, 2)
 
 
@@ -148,39 +169,134 @@ _BH_DRAM_BW = Figure(512 * GB, "B (p150: 512 GB/s)")
 _BH_DRAM = Figure(32 * GB, "B (p150: 32 GB GDDR6)")
 
 # --- comparison --------------------------------------------------------------------------------------------
-_NVLINK = AxisLink("switch", {k: CollectiveFit(Figure(8.4 * US, "T (NCCL ring/simple base)"), Figure(3.4 * US, "T (per step)"),
-                                               Figure(370 * GB, "S (NCCL all-reduce busbw ~370 GB/s)")) for k in KINDS[:4]},
-                   note="NVSwitch: one hop between any two GPUs")
-_ICI = AxisLink("line", {k: CollectiveFit(Figure(1 * US, "Q (~1 µs per ICI hop)"), Figure(1 * US, "Q"),
-                                          Figure(90 * GB, "Q (v6e ICI 90 GB/s per link one-way)")) for k in KINDS[:4]},
-                note="v6e-8 has no wraparound (only axes of 16 do, Q)")
+_NVLINK = AxisLink(
+    "switch",
+    {
+        k: CollectiveFit(
+            Figure(8.4 * US, "T (NCCL ring/simple base)"),
+            Figure(3.4 * US, "T (per step)"),
+            Figure(370 * GB, "S (NCCL all-reduce busbw ~370 GB/s)"),
+        )
+        for k in KINDS[:4]
+    },
+    note="NVSwitch: one hop between any two GPUs",
+)
+_ICI = AxisLink(
+    "line",
+    {
+        k: CollectiveFit(
+            Figure(1 * US, "Q (~1 µs per ICI hop)"),
+            Figure(1 * US, "Q"),
+            Figure(90 * GB, "Q (v6e ICI 90 GB/s per link one-way)"),
+        )
+        for k in KINDS[:4]
+    },
+    note="v6e-8 has no wraparound (only axes of 16 do, Q)",
+)
 
 
-PROFILES: dict[str, HardwareProfile] = {p.name: p for p in [
-    HardwareProfile("wh-n300", "Wormhole n300 card: 2 chips, 1 usable link between them (H)", (1, 2),
-                    (_wh_axis("line", 1), _wh_axis("line", 1)), _WH_PEAK, _WH_DRAM_BW, _WH_DRAM, _TT_LAUNCH, tile=32),
-    HardwareProfile("wh-loudbox", "Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J)", (2, 4),
-                    (_wh_axis("line", 1), _wh_axis("line", 1)), _WH_PEAK, _WH_DRAM_BW, _WH_DRAM, _TT_LAUNCH, tile=32),
-    HardwareProfile("wh-galaxy", "Wormhole Galaxy: 8x4 mesh, 4 links per neighbour, ring (torus) axes (J, L)", (8, 4),
-                    (_wh_axis("ring", 4), _wh_axis("ring", 4)), _WH_PEAK, _WH_DRAM_BW, _WH_DRAM, _TT_LAUNCH, tile=32),
-    HardwareProfile("bh-quietbox", "Blackhole QuietBox: 2x2 p150, 2 links per neighbour (B2, J, K)", (2, 2),
-                    (_bh_axis("line"), _bh_axis("line")), _BH_PEAK, _BH_DRAM_BW, _BH_DRAM, _TT_LAUNCH, tile=32),
-    HardwareProfile("bh-loudbox", "Blackhole LoudBox: 2x4 p150b, descriptor [LINE, RING] (B2, J)", (2, 4),
-                    (_bh_axis("line"), _bh_axis("ring")), _BH_PEAK, _BH_DRAM_BW, _BH_DRAM, _TT_LAUNCH, tile=32),
-    HardwareProfile("bh-galaxy", "Blackhole Galaxy: 8x4 torus XY [RING, RING], 2 links per neighbour (J)", (8, 4),
-                    (_bh_axis("ring"), _bh_axis("ring")), _BH_PEAK, _BH_DRAM_BW, _BH_DRAM, _TT_LAUNCH, tile=32),
-    HardwareProfile("h100x8", "8x H100 SXM on NVSwitch (comparison)", (1, 8), (_NVLINK, _NVLINK),
-                    Figure(989.4e12, "R, Q"), Figure(3.35e12, "R, Q"), Figure(80 * GB, "R, Q"),
-                    Figure(7 * US, "autoparallel compute_estimation.py")),
-    HardwareProfile("tpu-v6e-8", "8x TPU v6e, 2x4 ICI mesh (comparison)", (2, 4), (_ICI, _ICI),
-                    Figure(918e12, "P"), Figure(1638 * GB, "P"), Figure(32 * GB, "P"),
-                    Figure(2 * US, "Q (~1 µs/hop; XLA fuses, 2 µs per op assumed)", True)),
-]}
+PROFILES: dict[str, HardwareProfile] = {
+    p.name: p
+    for p in [
+        HardwareProfile(
+            "wh-n300",
+            "Wormhole n300 card: 2 chips, 1 usable link between them (H)",
+            (1, 2),
+            (_wh_axis("line", 1), _wh_axis("line", 1)),
+            _WH_PEAK,
+            _WH_DRAM_BW,
+            _WH_DRAM,
+            _TT_LAUNCH,
+            tile=32,
+        ),
+        HardwareProfile(
+            "wh-loudbox",
+            "Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J)",
+            (2, 4),
+            (_wh_axis("line", 1), _wh_axis("line", 1)),
+            _WH_PEAK,
+            _WH_DRAM_BW,
+            _WH_DRAM,
+            _TT_LAUNCH,
+            tile=32,
+        ),
+        HardwareProfile(
+            "wh-galaxy",
+            "Wormhole Galaxy: 8x4 mesh, 4 links per neighbour, ring (torus) axes (J, L)",
+            (8, 4),
+            (_wh_axis("ring", 4), _wh_axis("ring", 4)),
+            _WH_PEAK,
+            _WH_DRAM_BW,
+            _WH_DRAM,
+            _TT_LAUNCH,
+            tile=32,
+        ),
+        HardwareProfile(
+            "bh-quietbox",
+            "Blackhole QuietBox: 2x2 p150, 2 links per neighbour (B2, J, K)",
+            (2, 2),
+            (_bh_axis("line"), _bh_axis("line")),
+            _BH_PEAK,
+            _BH_DRAM_BW,
+            _BH_DRAM,
+            _TT_LAUNCH,
+            tile=32,
+        ),
+        HardwareProfile(
+            "bh-loudbox",
+            "Blackhole LoudBox: 2x4 p150b, descriptor [LINE, RING] (B2, J)",
+            (2, 4),
+            (_bh_axis("line"), _bh_axis("ring")),
+            _BH_PEAK,
+            _BH_DRAM_BW,
+            _BH_DRAM,
+            _TT_LAUNCH,
+            tile=32,
+        ),
+        HardwareProfile(
+            "bh-galaxy",
+            "Blackhole Galaxy: 8x4 torus XY [RING, RING], 2 links per neighbour (J)",
+            (8, 4),
+            (_bh_axis("ring"), _bh_axis("ring")),
+            _BH_PEAK,
+            _BH_DRAM_BW,
+            _BH_DRAM,
+            _TT_LAUNCH,
+            tile=32,
+        ),
+        HardwareProfile(
+            "h100x8",
+            "8x H100 SXM on NVSwitch (comparison)",
+            (1, 8),
+            (_NVLINK, _NVLINK),
+            Figure(989.4e12, "R, Q"),
+            Figure(3.35e12, "R, Q"),
+            Figure(80 * GB, "R, Q"),
+            Figure(7 * US, "autoparallel compute_estimation.py"),
+        ),
+        HardwareProfile(
+            "tpu-v6e-8",
+            "8x TPU v6e, 2x4 ICI mesh (comparison)",
+            (2, 4),
+            (_ICI, _ICI),
+            Figure(918e12, "P"),
+            Figure(1638 * GB, "P"),
+            Figure(32 * GB, "P"),
+            Figure(2 * US, "Q (~1 µs/hop; XLA fuses, 2 µs per op assumed)", True),
+        ),
+    ]
+}
 
 
 # The one default-hardware rule, used by every entry point (backend, `wancompile plan`, plan_graph,
 # plan_vae): the Tenstorrent system whose native mesh has this shape, else FALLBACK_HARDWARE.
-DEFAULT_FOR_MESH = {(1, 2): "wh-n300", (2, 2): "bh-quietbox", (2, 4): "wh-loudbox", (8, 4): "wh-galaxy", (4, 8): "wh-galaxy"}
+DEFAULT_FOR_MESH = {
+    (1, 2): "wh-n300",
+    (2, 2): "bh-quietbox",
+    (2, 4): "wh-loudbox",
+    (8, 4): "wh-galaxy",
+    (4, 8): "wh-galaxy",
+}
 FALLBACK_HARDWARE = "wh-loudbox"
 
 

@@ -97,9 +97,17 @@ class TimedOut(Infeasible):
     that report to a user catch it first and name the time limit to raise."""
 
 
-def solve(groups: Sequence[Group], edges: Sequence[Edge], *, memory_kib: Optional[int] = None,
-          hint: Optional[Mapping[str, int]] = None, forbid: Optional[Mapping[str, int]] = None,
-          only: Optional[Mapping[str, int]] = None, time_limit_s: float = 5.0, seed: int = 0) -> SolveResult:
+def solve(
+    groups: Sequence[Group],
+    edges: Sequence[Edge],
+    *,
+    memory_kib: Optional[int] = None,
+    hint: Optional[Mapping[str, int]] = None,
+    forbid: Optional[Mapping[str, int]] = None,
+    only: Optional[Mapping[str, int]] = None,
+    time_limit_s: float = 5.0,
+    seed: int = 0,
+) -> SolveResult:
     """Minimize the objective; `forbid` excludes one option of a group, `only` fixes one."""
     model = cp_model.CpModel()
     x = {g.name: [model.NewBoolVar(f"x[{g.name},{o.name}]") for o in g.options] for g in groups}
@@ -139,8 +147,15 @@ def solve(groups: Sequence[Group], edges: Sequence[Edge], *, memory_kib: Optiona
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise TimedOut(name, time_limit_s)  # UNKNOWN: the limit ran out first (MODEL_INVALID would be our bug)
     choice = {g.name: next(i for i, v in enumerate(x[g.name]) if solver.Value(v)) for g in groups}
-    return SolveResult(choice, name, int(solver.ObjectiveValue()), int(solver.BestObjectiveBound()), seconds,
-                       len(proto.variables), len(proto.constraints))
+    return SolveResult(
+        choice,
+        name,
+        int(solver.ObjectiveValue()),
+        int(solver.BestObjectiveBound()),
+        seconds,
+        len(proto.variables),
+        len(proto.constraints),
+    )
 
 
 def min_memory_kib(groups: Sequence[Group], *, time_limit_s: float = 5.0) -> tuple[int, bool]:

@@ -106,9 +106,11 @@ def parse_mesh(mesh: Union[str, Sequence[int], MeshSpec], axis_names: Sequence[s
         raise MeshError(f"mesh {mesh!r}: every axis size must be a positive integer")
     if axis_names is None:
         if len(shape) not in DEFAULT_AXIS_NAMES:
-            raise MeshError(f"mesh {mesh!r} has {len(shape)} axes, and only 1-D and 2-D meshes have default axis names; "
-                            f"name its axes (axis_names, e.g. {('data', 'batch', 'model')[-len(shape):] if len(shape) <= 3 else '...'}) "
-                            "or use a 2-D mesh such as '8x4'")
+            raise MeshError(
+                f"mesh {mesh!r} has {len(shape)} axes, and only 1-D and 2-D meshes have default axis names; "
+                f"name its axes (axis_names, e.g. {('data', 'batch', 'model')[-len(shape) :] if len(shape) <= 3 else '...'}) "
+                "or use a 2-D mesh such as '8x4'"
+            )
         axis_names = DEFAULT_AXIS_NAMES[len(shape)]
     return MeshSpec(shape, tuple(axis_names))
 
@@ -147,7 +149,9 @@ def format_spec(spec: PartitionSpec) -> str:
 def check_spec(spec: PartitionSpec, shape: Sequence[int], mesh: MeshSpec, what: str) -> None:
     """Raise a MeshError naming `what` if `spec` cannot shard a tensor of `shape` evenly on `mesh`."""
     if len(spec) != len(shape):
-        raise MeshError(f"{what}: spec {format_spec(spec)} has {len(spec)} entries for a {len(shape)}-d tensor {tuple(shape)}")
+        raise MeshError(
+            f"{what}: spec {format_spec(spec)} has {len(spec)} entries for a {len(shape)}-d tensor {tuple(shape)}"
+        )
     used = spec_axes(spec)
     for axis in used:
         mesh.axis_index(axis)

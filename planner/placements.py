@@ -178,5 +178,7 @@ def as_number(x: Dim, values: Optional[dict[str, int]] = None) -> float:
     if values:
         expr = expr.subs({s: values[s.name] for s in expr.free_symbols if s.name in values})
     if not expr.is_number:
-        raise ValueError(f"cannot cost symbolic size {x}; pass example values for {sorted(map(str, expr.free_symbols))}")
+        raise ValueError(
+            f"cannot cost symbolic size {x}; pass example values for {sorted(map(str, expr.free_symbols))}"
+        )
     return float(expr)

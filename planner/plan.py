@@ -64,15 +64,23 @@ class ActivationConstraint:
 
     def to_json(self) -> dict:
         return {
-            "node": str(self.location), "module": self.location.module, "output": self.output,
+            "node": str(self.location),
+            "module": self.location.module,
+            "output": self.output,
             "shape": [d if isinstance(d, int) else str(d) for d in self.shape],
-            "spec": _spec_json(self.spec), "reason": self.reason,
+            "spec": _spec_json(self.spec),
+            "reason": self.reason,
         }
 
     @classmethod
     def from_json(cls, d: Mapping) -> "ActivationConstraint":
-        return cls(Location.parse(d["node"]), _spec_from_json(d["spec"]), tuple(d.get("shape", ())),
-                   int(d.get("output", 0)), d.get("reason", ""))
+        return cls(
+            Location.parse(d["node"]),
+            _spec_from_json(d["spec"]),
+            tuple(d.get("shape", ())),
+            int(d.get("output", 0)),
+            d.get("reason", ""),
+        )
 
 
 @dataclass(frozen=True)
@@ -86,7 +94,13 @@ class Collective:
     where: str = ""
 
     def to_json(self) -> dict:
-        return {"kind": self.kind, "axes": list(self.axes), "bytes": int(self.bytes), "count": int(self.count), "where": self.where}
+        return {
+            "kind": self.kind,
+            "axes": list(self.axes),
+            "bytes": int(self.bytes),
+            "count": int(self.count),
+            "where": self.where,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Collective":
@@ -155,18 +169,34 @@ class CfgOption:
         return self.step_seconds is not None
 
     def to_json(self) -> dict:
-        return {"name": self.name, "mesh": self.mesh.to_json(), "split_axis": self.split_axis,
-                "step_seconds": self.step_seconds, "compute_seconds": self.compute_seconds,
-                "comm_seconds": self.comm_seconds, "memory_bytes_per_device": self.memory_bytes_per_device,
-                "feasible": self.feasible, "reason": self.reason, "memory_needed_bytes": self.memory_needed_bytes}
+        return {
+            "name": self.name,
+            "mesh": self.mesh.to_json(),
+            "split_axis": self.split_axis,
+            "step_seconds": self.step_seconds,
+            "compute_seconds": self.compute_seconds,
+            "comm_seconds": self.comm_seconds,
+            "memory_bytes_per_device": self.memory_bytes_per_device,
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "memory_needed_bytes": self.memory_needed_bytes,
+        }
 
     @classmethod
     def from_json(cls, d: Mapping) -> "CfgOption":
         mem = d.get("memory_bytes_per_device")
         need = d.get("memory_needed_bytes")
-        return cls(str(d["name"]), MeshSpec.from_json(d["mesh"]), d.get("split_axis"), d.get("step_seconds"),
-                   d.get("compute_seconds"), d.get("comm_seconds"), None if mem is None else int(mem),
-                   str(d.get("reason", "")), None if need is None else int(need))
+        return cls(
+            str(d["name"]),
+            MeshSpec.from_json(d["mesh"]),
+            d.get("split_axis"),
+            d.get("step_seconds"),
+            d.get("compute_seconds"),
+            d.get("comm_seconds"),
+            None if mem is None else int(mem),
+            str(d.get("reason", "")),
+            None if need is None else int(need),
+        )
 
 
 @dataclass(frozen=True)
@@ -190,13 +220,25 @@ class CfgParallel:
         return self.chosen != "off"
 
     def to_json(self) -> dict:
-        return {"mode": self.mode, "chosen": self.chosen, "axis": self.axis, "base_mesh": self.base_mesh.to_json(),
-                "batch": self.batch, "options": [o.to_json() for o in self.options]}
+        return {
+            "mode": self.mode,
+            "chosen": self.chosen,
+            "axis": self.axis,
+            "base_mesh": self.base_mesh.to_json(),
+            "batch": self.batch,
+            "options": [o.to_json() for o in self.options],
+        }
 
     @classmethod
     def from_json(cls, d: Mapping) -> "CfgParallel":
-        out = cls(str(d["mode"]), str(d["chosen"]), MeshSpec.from_json(d["base_mesh"]), int(d["batch"]),
-                  tuple(CfgOption.from_json(o) for o in d["options"]), str(d.get("axis", "cfg")))
+        out = cls(
+            str(d["mode"]),
+            str(d["chosen"]),
+            MeshSpec.from_json(d["base_mesh"]),
+            int(d["batch"]),
+            tuple(CfgOption.from_json(o) for o in d["options"]),
+            str(d.get("axis", "cfg")),
+        )
         if out.chosen not in {o.name for o in out.options}:
             raise PlanError(f"plan.json cfg_parallel.chosen {out.chosen!r} is none of its options")
         return out
@@ -236,6 +278,7 @@ class Plan:
     def user_mesh(self) -> MeshSpec:
         """The mesh the plan was asked for: ``mesh`` itself, or the unsplit mesh of a CFG-split plan."""
         return self.cfg_parallel.base_mesh if self.cfg_parallel is not None else self.mesh
+
     # The DiT geometry the plan was made for (`model_geometry`): heads, head_dim, tokens (an int, or the
     # symbolic expression whose divisibility `guards` state). Checked by `check`; {} for other graphs.
     geometry: Mapping[str, Any] = field(default_factory=dict, hash=False)
@@ -287,7 +330,9 @@ class Plan:
                     f"different model structure or rewrite set; re-plan, or keep the `rewrites` option it was made with."
                 )
             if c.output >= len(node.outputs):
-                raise PlanError(f"plan constrains output {c.output} of {c.location}, which has {len(node.outputs)} output(s)")
+                raise PlanError(
+                    f"plan constrains output {c.output} of {c.location}, which has {len(node.outputs)} output(s)"
+                )
             try:
                 check_spec(c.spec, node.outputs[c.output].shape, self.mesh, f"plan activation {c.location}")
             except MeshError as e:
@@ -305,11 +350,17 @@ class Plan:
             if a != b:
                 wrong.append(f"{unit} {a} (this model: {b})")
         if wrong:
-            hint = (" — another resolution or frame count: save one plan per resolution, or compile with dynamic=True"
-                    if len(wrong) == 1 and wrong[0].startswith("tokens") else "")
+            hint = (
+                " — another resolution or frame count: save one plan per resolution, or compile with dynamic=True"
+                if len(wrong) == 1 and wrong[0].startswith("tokens")
+                else ""
+            )
             raise PlanError(
-                f"plan for model {self.model!r} was made for " + ", ".join(wrong) + hint
-                + ". Re-plan for this model (drop the `plan` option) or pass the plan made for it.")
+                f"plan for model {self.model!r} was made for "
+                + ", ".join(wrong)
+                + hint
+                + ". Re-plan for this model (drop the `plan` option) or pass the plan made for it."
+            )
 
     # --- summaries -------------------------------------------------------------------------------
 
@@ -365,7 +416,9 @@ class Plan:
             )
         for key in ("model", "mesh", "params"):
             if key not in data:
-                raise PlanError(f"plan.json lacks the required field {key!r}; it is not a wancompile plan or it is truncated")
+                raise PlanError(
+                    f"plan.json lacks the required field {key!r}; it is not a wancompile plan or it is truncated"
+                )
         try:
             return cls(
                 model=str(data["model"]),
@@ -377,18 +430,26 @@ class Plan:
                 predicted=Predicted(**data.get("predicted", {})),
                 solver=SolverInfo(**data.get("solver", {})),
                 decisions=tuple(Decision(**d) for d in data.get("decisions", [])),
-                rewrites=tuple(RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ()))) for r in data.get("rewrites", [])),
+                rewrites=tuple(
+                    RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ())))
+                    for r in data.get("rewrites", [])
+                ),
                 notes=tuple(data.get("notes", ())),
-                guards=tuple(Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])),
+                guards=tuple(
+                    Guard(str(g["expr"]), int(g["divisor"]), str(g.get("what", ""))) for g in data.get("guards", [])
+                ),
                 weight_sets=_weight_sets_from_json(data.get("weight_sets")),
-                cfg_parallel=(CfgParallel.from_json(data["cfg_parallel"])
-                              if data.get("cfg_parallel") is not None else None),
+                cfg_parallel=(
+                    CfgParallel.from_json(data["cfg_parallel"]) if data.get("cfg_parallel") is not None else None
+                ),
                 geometry={k: v for k, v in dict(data.get("geometry", {})).items() if k != "layers"},
             )
         except PlanError:
             raise
         except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise PlanError(f"plan.json is malformed ({type(e).__name__}: {e}); regenerate it with `wancompile plan`") from None
+            raise PlanError(
+                f"plan.json is malformed ({type(e).__name__}: {e}); regenerate it with `wancompile plan`"
+            ) from None
 
 
 def _weight_sets_from_json(value: Any) -> Optional[int]:
@@ -409,7 +470,11 @@ def model_geometry(graph: Graph) -> dict[str, Any]:
     if sdpa is None or len(sdpa.out.shape) != 4:
         return {}
     _, heads, tokens, head_dim = sdpa.out.shape
-    return {"heads": int(heads), "head_dim": int(head_dim), "tokens": tokens if isinstance(tokens, int) else str(tokens)}
+    return {
+        "heads": int(heads),
+        "head_dim": int(head_dim),
+        "tokens": tokens if isinstance(tokens, int) else str(tokens),
+    }
 
 
 def _spec_json(spec: PartitionSpec) -> list:
@@ -437,7 +502,9 @@ def load_plan(path: str | Path) -> Plan:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
-        raise PlanError(f"plan {path} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated or corrupted — regenerate it") from None
+        raise PlanError(
+            f"plan {path} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated or corrupted — regenerate it"
+        ) from None
     return Plan.from_json(data)
 
 

@@ -61,7 +61,9 @@ class Evaluation:
         return self.compute_seconds + self.comm_seconds
 
 
-def redistribute(meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec) -> list[tuple[str, tuple[str, ...], tuple]]:
+def redistribute(
+    meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec
+) -> list[tuple[str, tuple[str, ...], tuple]]:
     """Collectives (kind, axes, per-device shape in HLO convention) turning `actual` into `required`."""
     out: list[tuple[str, tuple[str, ...], tuple]] = []
     cur = actual
@@ -94,9 +96,16 @@ def _bytes(shape: tuple, itemsize: int, values: Optional[Mapping[str, int]]) -> 
     return int(as_number(numel(shape), dict(values or {})) * itemsize)
 
 
-def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwareProfile, *,
-             boundary: Mapping[str, Layouts], forced: Mapping[str, Layout] = {},
-             values: Optional[Mapping[str, int]] = None) -> Evaluation:
+def evaluate(
+    graph: Graph,
+    nodes: Iterable[Node],
+    mesh: MeshSpec,
+    hw: HardwareProfile,
+    *,
+    boundary: Mapping[str, Layouts],
+    forced: Mapping[str, Layout] = {},
+    values: Optional[Mapping[str, int]] = None,
+) -> Evaluation:
     """Propagate layouts through `nodes` (in graph order).
 
     Args:
@@ -118,11 +127,15 @@ def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwarePr
         if node.op == "getitem" and ins and metas and _selects_output(graph, node):
             src = graph[node.inputs[0]]
             idx = int(node.attrs["args"][1])
-            ev.layouts[node.name] = (ev.layouts.get(src.name, ())[idx] if src.name in ev.layouts else Layout.replicated(len(node.out.shape)),)
+            ev.layouts[node.name] = (
+                ev.layouts.get(src.name, ())[idx] if src.name in ev.layouts else Layout.replicated(len(node.out.shape)),
+            )
             continue
         fn, known = rule_for(node.op)
         if not known:
-            ev.warnings.append(f"{node.location}: no sharding rule for op {node.op!r}; planned replicated (all inputs gathered)")
+            ev.warnings.append(
+                f"{node.location}: no sharding rule for op {node.op!r}; planned replicated (all inputs gathered)"
+            )
         view = OpView(node, ins, metas, mesh)
         res = fn(view)
         ev.guards.extend(res.guards)
@@ -131,18 +144,43 @@ def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwarePr
                 continue
             for kind, axes, shape in redistribute(metas[i], have, want, mesh):
                 nbytes = _bytes(shape, metas[i].itemsize, values)
-                ev.events.append(CommEvent(kind, axes, nbytes, str(node.location), f"{node.inputs[i]} for {node.op}",
-                                           collective_seconds(kind, nbytes, axes, mesh, hw)))
+                ev.events.append(
+                    CommEvent(
+                        kind,
+                        axes,
+                        nbytes,
+                        str(node.location),
+                        f"{node.inputs[i]} for {node.op}",
+                        collective_seconds(kind, nbytes, axes, mesh, hw),
+                    )
+                )
         for c in res.comm:
             nbytes = _bytes(c.shape, c.itemsize, values)
-            ev.events.append(CommEvent(c.kind, c.axes, nbytes, str(node.location), c.reason, collective_seconds(c.kind, nbytes, c.axes, mesh, hw)))
+            ev.events.append(
+                CommEvent(
+                    c.kind,
+                    c.axes,
+                    nbytes,
+                    str(node.location),
+                    c.reason,
+                    collective_seconds(c.kind, nbytes, c.axes, mesh, hw),
+                )
+            )
         outs = res.outputs
         if node.name in forced and outs:
             want = forced[node.name]
             for kind, axes, shape in redistribute(node.out, outs[0], want, mesh):
                 nbytes = _bytes(shape, node.out.itemsize, values)
-                ev.events.append(CommEvent(kind, axes, nbytes, str(node.location), "activation constraint",
-                                           collective_seconds(kind, nbytes, axes, mesh, hw)))
+                ev.events.append(
+                    CommEvent(
+                        kind,
+                        axes,
+                        nbytes,
+                        str(node.location),
+                        "activation constraint",
+                        collective_seconds(kind, nbytes, axes, mesh, hw),
+                    )
+                )
             outs = (want,) + tuple(outs[1:])
         ev.layouts[node.name] = outs
         flops = as_number(res.flops, dict(values or {}))
@@ -150,11 +188,19 @@ def evaluate(graph: Graph, nodes: Iterable[Node], mesh: MeshSpec, hw: HardwarePr
         ev.flops += flops
         ev.bytes += nbytes
         ev.compute_seconds += op_seconds(flops, nbytes, res.kernel, hw)
-        live = sum(as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
-                   for m, lay in zip(node.outputs, outs))
-        ev.peak_bytes = max(ev.peak_bytes, live + sum(
+        live = sum(
             as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
-            for m, lay in zip(metas, res.required) if m is not None and lay is not None))
+            for m, lay in zip(node.outputs, outs)
+        )
+        ev.peak_bytes = max(
+            ev.peak_bytes,
+            live
+            + sum(
+                as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
+                for m, lay in zip(metas, res.required)
+                if m is not None and lay is not None
+            ),
+        )
     return ev
 
 

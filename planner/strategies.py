@@ -88,7 +88,7 @@ class StructureError(ValueError):
 def _child(module: str, root: str) -> Optional[str]:
     if not module.startswith(root + "."):
         return None
-    return module[len(root) + 1:].split(".")[0]
+    return module[len(root) + 1 :].split(".")[0]
 
 
 def find_structure(graph: Graph) -> Structure:
@@ -101,7 +101,7 @@ def find_structure(graph: Graph) -> Structure:
     first = nodes.index(b0[0])
     last_block = max(i for i, n in enumerate(nodes) if n.block is not None)
     prologue = [n for n in nodes[:first] if n.block is None]
-    epilogue = [n for n in nodes[last_block + 1:] if n.block is None]
+    epilogue = [n for n in nodes[last_block + 1 :] if n.block is None]
 
     # block macros: children of the block root with attention or two linears
     by_child: dict[str, list[Node]] = {}
@@ -109,8 +109,11 @@ def find_structure(graph: Graph) -> Structure:
         c = _child(n.module, root0)
         if c is not None:
             by_child.setdefault(c, []).append(n)
-    macro_children = [c for c, ns in by_child.items()
-                      if any(n.op == "scaled_dot_product_attention" for n in ns) or sum(n.op == "linear" for n in ns) >= 2]
+    macro_children = [
+        c
+        for c, ns in by_child.items()
+        if any(n.op == "scaled_dot_product_attention" for n in ns) or sum(n.op == "linear" for n in ns) >= 2
+    ]
     assign: dict[str, str] = {}
     pending: list[Node] = []
     order: list[str] = []
@@ -127,15 +130,20 @@ def find_structure(graph: Graph) -> Structure:
             pending.append(n)
     for p in pending:
         assign[p.name] = order[-1]
-    block_macros = tuple(_macro(graph, c, f"{root0}.{c}", True, [n for n in b0 if assign.get(n.name) == c]) for c in order)
+    block_macros = tuple(
+        _macro(graph, c, f"{root0}.{c}", True, [n for n in b0 if assign.get(n.name) == c]) for c in order
+    )
 
     # root MLP pairs (embedders)
     parents: dict[str, list[Node]] = {}
     for n in prologue:
         if n.op == "linear":
             parents.setdefault(n.module.rsplit(".", 1)[0] if "." in n.module else "", []).append(n)
-    root_macros = tuple(_macro(graph, p, p, False, [n for n in prologue if n.module.startswith(p + ".")])
-                        for p, lin in parents.items() if len(lin) == 2 and p)
+    root_macros = tuple(
+        _macro(graph, p, p, False, [n for n in prologue if n.module.startswith(p + ".")])
+        for p, lin in parents.items()
+        if len(lin) == 2 and p
+    )
 
     entry = block_stack_entry(graph)
     exit_ = next((n for n in reversed(epilogue) if n.op == "linear"), None)
@@ -143,8 +151,17 @@ def find_structure(graph: Graph) -> Structure:
         raise StructureError("no output projection after the block stack")
     stream_shape = entry.out.shape
     block_output = next(n for n in reversed(b0) if n.outputs and n.out.shape == stream_shape)
-    return Structure(tuple(n.name for n in prologue), tuple(n.name for n in epilogue), block_macros, root_macros,
-                     entry.name, block_output.name, exit_.name, stream_shape[1], len(blocks))
+    return Structure(
+        tuple(n.name for n in prologue),
+        tuple(n.name for n in epilogue),
+        block_macros,
+        root_macros,
+        entry.name,
+        block_output.name,
+        exit_.name,
+        stream_shape[1],
+        len(blocks),
+    )
 
 
 def block_stack_entry(graph: Graph) -> Node:
@@ -179,7 +196,9 @@ def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node])
                 "(whose head-aligned specs keep the fused program identical to the unfused one)"
             )
         self_attn = q.inputs[0] == k.inputs[0]
-        return Macro(name, "attention", module, in_block, tuple(n.name for n in ns), params, linears, heads, self_attn, sdpa.name)
+        return Macro(
+            name, "attention", module, in_block, tuple(n.name for n in ns), params, linears, heads, self_attn, sdpa.name
+        )
     width = int(graph[linears[0]].out.shape[-1])
     del names
     return Macro(name, "mlp", module, in_block, tuple(n.name for n in ns), params, linears, width)
@@ -193,8 +212,16 @@ def axis_sets(axes: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(c) for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
 
 
-def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int = 1,
-               values: Optional[dict] = None, exclude: tuple[str, ...] = ()) -> tuple[list[Strategy], list[str]]:
+def strategies(
+    graph: Graph,
+    macro: Macro,
+    mesh: MeshSpec,
+    tokens,
+    *,
+    tile: int = 1,
+    values: Optional[dict] = None,
+    exclude: tuple[str, ...] = (),
+) -> tuple[list[Strategy], list[str]]:
     """Legal strategies of a macro, and the reasons the excluded ones were excluded. With symbolic
     tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it).
     Axes in `exclude` (the CFG batch split) are used by no strategy."""
@@ -219,10 +246,15 @@ def strategies(graph: Graph, macro: Macro, mesh: MeshSpec, tokens, *, tile: int 
             ntp = shard_count(mesh, tp)
             if macro.width % ntp:
                 unit = "heads" if macro.kind == "attention" else "features"
-                why.append(f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
-                           f"{macro.width} {unit} do not divide into {ntp}")
+                why.append(
+                    f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
+                    f"{macro.width} {unit} do not divide into {ntp}"
+                )
                 continue
-            candidates = [_make(graph, macro, mesh, sigma, tp, False, fsdp, guards) for fsdp in ((False, True) if sigma else (False,))]
+            candidates = [
+                _make(graph, macro, mesh, sigma, tp, False, fsdp, guards)
+                for fsdp in ((False, True) if sigma else (False,))
+            ]
             if macro.kind == "attention" and macro.self_attention and sigma:
                 if macro.width % (ntp * nsp):
                     why.append(f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp}): {macro.width} heads do not divide")
@@ -326,7 +358,11 @@ def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool) -> str:
     if ulysses:
         base = f"Ulysses({'+'.join(tp + sigma)})"
     elif macro.kind == "attention":
-        base = f"head-TP({t})" + (f"+SP({s})" if sigma else "") if tp else (f"SP({s})+KV-gather" if sigma and macro.self_attention else f"SP({s})" if sigma else "replicated")
+        base = (
+            f"head-TP({t})" + (f"+SP({s})" if sigma else "")
+            if tp
+            else (f"SP({s})+KV-gather" if sigma and macro.self_attention else f"SP({s})" if sigma else "replicated")
+        )
     else:
         base = f"Megatron({t})" + (f"+SP({s})" if sigma else "") if tp else (f"SP({s})" if sigma else "replicated")
     return base + ("+FSDP" if fsdp else "")

@@ -126,8 +126,14 @@ def find_macros(graph: Graph) -> list[Macro]:
             claim(name, kind, node)
             continue
         producers = [macro_of[i] for i in node.inputs if i in macro_of]
-        conv2 = next((macro_of[i] for i in node.inputs if i in macro_of and graph[i].op == "conv3d"
-                      and graph[i].module.endswith(".conv2")), None)
+        conv2 = next(
+            (
+                macro_of[i]
+                for i in node.inputs
+                if i in macro_of and graph[i].op == "conv3d" and graph[i].module.endswith(".conv2")
+            ),
+            None,
+        )
         if node.op == "add" and conv2 is not None:
             claim(conv2, "resblock", node)  # the residual add
         elif producers and macros[producers[0]].kind != "resblock" and not pending:
@@ -143,8 +149,11 @@ def find_macros(graph: Graph) -> list[Macro]:
         inside = set(m.nodes)
         m.nodes = [n.name for n in graph if n.name in inside]
         m.params = list(dict.fromkeys(i for x in m.nodes for i in graph[x].inputs if graph[i].is_param))
-        m.signature = (m.kind, tuple((graph[x].op, tuple(tuple(o.shape) for o in graph[x].outputs)) for x in m.nodes),
-                       tuple(tuple(graph[p].out.shape) for p in m.params))
+        m.signature = (
+            m.kind,
+            tuple((graph[x].op, tuple(tuple(o.shape) for o in graph[x].outputs)) for x in m.nodes),
+            tuple(tuple(graph[p].out.shape) for p in m.params),
+        )
     return out
 
 
@@ -208,12 +217,16 @@ def _spatial_fits(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, crossing: 
             continue
         h, w = shape[-2], shape[-1]
         if (nh > 1 and (not isinstance(h, int) or h % nh)) or (nw > 1 and (not isinstance(w, int) or w % nw)):
-            return (f"spatial({_key_name(key)}): {node.location} has H x W = {h} x {w}, which does not split "
-                    f"evenly into {nh} x {nw} (GSPMD gathers uneven conv halos instead of exchanging them)")
+            return (
+                f"spatial({_key_name(key)}): {node.location} has H x W = {h} x {w}, which does not split "
+                f"evenly into {nh} x {nw} (GSPMD gathers uneven conv halos instead of exchanging them)"
+            )
     return None
 
 
-def macro_strategies(graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str]) -> tuple[list[VaeStrategy], list[str]]:
+def macro_strategies(
+    graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str]
+) -> tuple[list[VaeStrategy], list[str]]:
     """Legal strategies of a macro and the reasons the others were excluded."""
     why: list[str] = []
     out: list[VaeStrategy] = []
@@ -292,15 +305,24 @@ def _attention_frames(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, why: l
         return []
     rep = {p: Layout.replicated(len(graph[p].out.shape)) for p in m.params}
     split = Layout(((t,) + ((),) * (len(normed.out.shape) - 1)))
-    forced = {normed.name: split, sdpa.name: Layout((t,) + ((),) * (len(sdpa.out.shape) - 1)),
-              last.name: stream_layout(key, last.out)}
+    forced = {
+        normed.name: split,
+        sdpa.name: Layout((t,) + ((),) * (len(sdpa.out.shape) - 1)),
+        last.name: stream_layout(key, last.out),
+    }
     return [VaeStrategy(f"frames({'+'.join(t)}) at {_key_name(key)}", key, rep, forced)]
 
 
 PRESETS = {
     "auto": {},
-    "spatial": {"resblock": r"^spatial", "head": r"^spatial", "tail": r"^spatial", "upsample": r"^spatial",
-                "shortcut": r"^spatial", "attention": r"^(gather|frames)"},
+    "spatial": {
+        "resblock": r"^spatial",
+        "head": r"^spatial",
+        "tail": r"^spatial",
+        "upsample": r"^spatial",
+        "shortcut": r"^spatial",
+        "attention": r"^(gather|frames)",
+    },
     # the seed's hand plan (seed 001, docs/seeds.md): Megatron col->row on every residual block over the
     # whole mesh, everything else replicated
     "channel-megatron": {"resblock": r"^channel\(ALL\)$", "*": r"^replicated$"},
@@ -335,19 +357,31 @@ class _VaeCtx:
         boundary = {p: (lay,) for p, lay in s.params.items()}
         for x in self.crossing(m):
             boundary[x] = (stream_layout(s.key, self.g[x].out),)
-        return evaluate(self.g, [self.g[x] for x in m.nodes], self.mesh, self.hw, boundary=boundary, forced=s.forced,
-                        values=self.vals)
+        return evaluate(
+            self.g,
+            [self.g[x] for x in m.nodes],
+            self.mesh,
+            self.hw,
+            boundary=boundary,
+            forced=s.forced,
+            values=self.vals,
+        )
 
     def param_bytes(self, m: Macro, s: VaeStrategy) -> float:
-        return sum(as_number(numel(local_shape(self.g[p].out.shape, s.params.get(p), self.mesh)), self.vals)
-                   * self.g[p].out.itemsize for p in m.params)
+        return sum(
+            as_number(numel(local_shape(self.g[p].out.shape, s.params.get(p), self.mesh)), self.vals)
+            * self.g[p].out.itemsize
+            for p in m.params
+        )
 
     def reshard_seconds(self, tensor: str, k: tuple, l: tuple) -> float:
         if k == l:
             return 0.0
         meta = self.g[tensor].out
-        return sum(collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
-                   for kind, axes, shape in redistribute(meta, stream_layout(k, meta), stream_layout(l, meta), self.mesh))
+        return sum(
+            collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
+            for kind, axes, shape in redistribute(meta, stream_layout(k, meta), stream_layout(l, meta), self.mesh)
+        )
 
 
 def _matches(only: Mapping[str, str], m: Macro, name: str, mesh: MeshSpec) -> bool:
@@ -358,9 +392,18 @@ def _matches(only: Mapping[str, str], m: Macro, name: str, mesh: MeshSpec) -> bo
     return re.search(pattern.replace("ALL", re.escape(axes)), name) is not None
 
 
-def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, *,
-             memory_gb: Optional[float] = None, values: Optional[Mapping[str, int]] = None, time_limit_s: float = 10.0,
-             model: str = "", only: Optional[Mapping[str, str]] = None, preset: str = "auto") -> Plan:
+def plan_vae(
+    graph: Graph,
+    mesh: MeshSpec,
+    hardware: str | HardwareProfile | None = None,
+    *,
+    memory_gb: Optional[float] = None,
+    values: Optional[Mapping[str, int]] = None,
+    time_limit_s: float = 10.0,
+    model: str = "",
+    only: Optional[Mapping[str, str]] = None,
+    preset: str = "auto",
+) -> Plan:
     """Plan a captured Wan VAE decode graph.
 
     Args:
@@ -394,14 +437,24 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | Non
             raise PlanError(
                 f"{rep.name} ({rep.kind}): no legal strategy matches preset {preset!r} and only="
                 f"{[w for w in wanted if w]!r}; legal: "
-                + ", ".join(s.name for s in opts) + ("; excluded: " + "; ".join(dict.fromkeys(why)) if why else ""))
+                + ", ".join(s.name for s in opts)
+                + ("; excluded: " + "; ".join(dict.fromkeys(why)) if why else "")
+            )
         why += [f"restricted: {s.name}" for s in opts if s not in kept]
         options = []
         for s in kept:
             ev = ctx.evaluate(rep, s)
             evals[gname, s.name] = ev
-            options.append(Option(s.name, s.key, to_ns(ev.seconds), 0, math.ceil(ctx.param_bytes(rep, s) * len(members) / KIB),
-                                  math.ceil(ev.peak_bytes * 3 / KIB)))  # KiB rounded up: (d) never undercounts
+            options.append(
+                Option(
+                    s.name,
+                    s.key,
+                    to_ns(ev.seconds),
+                    0,
+                    math.ceil(ctx.param_bytes(rep, s) * len(members) / KIB),
+                    math.ceil(ev.peak_bytes * 3 / KIB),
+                )
+            )  # KiB rounded up: (d) never undercounts
         groups.append(Group(gname, tuple(options), len(members)))
         tables[gname], excluded[gname] = kept, why
     edges = _edges(ctx, tables)
@@ -411,13 +464,20 @@ def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | Non
     try:
         res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
     except TimedOut as e:
-        raise SolverTimeout(f"the VAE solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status "
-                            f"{e.status}) on mesh {mesh}; raise time_limit_s", time_limit_s=time_limit_s) from None
+        raise SolverTimeout(
+            f"the VAE solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status "
+            f"{e.status}) on mesh {mesh}; raise time_limit_s",
+            time_limit_s=time_limit_s,
+        ) from None
     except Infeasible:
         need = budget_gb(min_memory_kib(groups, time_limit_s=time_limit_s)[0], 0.0)
-        raise MemoryBudgetError(f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest plan on this mesh "
-                                f"needs {need:.6g} GB per device (raise memory_gb to at least {need:.6g}, use more devices, or "
-                                "decode chunked-T with a smaller t_chunk)", budget_gb=budget / 1e9, need_gb=need) from None
+        raise MemoryBudgetError(
+            f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest plan on this mesh "
+            f"needs {need:.6g} GB per device (raise memory_gb to at least {need:.6g}, use more devices, or "
+            "decode chunked-T with a smaller t_chunk)",
+            budget_gb=budget / 1e9,
+            need_gb=need,
+        ) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
     decisions = _decisions(groups, edges, res, memory_kib, excluded)
     return _assemble(ctx, chosen, res, decisions, model or graph.model, evals)
@@ -458,7 +518,9 @@ def _decisions(groups, edges, res, memory_kib, excluded) -> list[Decision]:
             except Infeasible:
                 note += "; every alternative breaks the memory budget"
         ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
-        note += "; options on their own (ms): " + ", ".join(f"{g.options[j].name}={g.count * g.options[j].cost_ns / 1e6:.3f}" for j in ranked)
+        note += "; options on their own (ms): " + ", ".join(
+            f"{g.options[j].name}={g.count * g.options[j].cost_ns / 1e6:.3f}" for j in ranked
+        )
         if excluded[g.name]:
             note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
         out.append(Decision(g.name + (f" (x{g.count})" if g.count > 1 else ""), o.name, cost, rejected, rcost, note))
@@ -490,33 +552,55 @@ def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, mode
         for p, lay in s.params.items():
             params[g[p].param] = lay.to_spec()
         for name, lay in s.forced.items():
-            acts.append(ActivationConstraint(g[name].location, lay.to_spec(), g[name].out.shape,
-                                             reason=f"{m.kind} {s.name}: {g[name].op} output"))
+            acts.append(
+                ActivationConstraint(
+                    g[name].location, lay.to_spec(), g[name].out.shape, reason=f"{m.kind} {s.name}: {g[name].op} output"
+                )
+            )
         for x in ctx.crossing(m):
             src = g[x]
             if src.op == "placeholder":  # graph input (latents, chunk history): enters in this layout
                 spec = stream_layout(s.key, src.out).to_spec()
                 if any(e is not None for e in spec) and all(a.location != src.location for a in acts):
-                    acts.append(ActivationConstraint(src.location, spec, src.out.shape, reason="graph input enters in the plan's layout"))
+                    acts.append(
+                        ActivationConstraint(
+                            src.location, spec, src.out.shape, reason="graph input enters in the plan's layout"
+                        )
+                    )
     for m in ctx.macros:
         for x in ctx.crossing(m):
             src_macro = ctx.macro_of.get(x)
             if src_macro is None or key_of[src_macro] == key_of[m.name]:
                 continue
             meta = g[x].out
-            for kind, axes, shape in redistribute(meta, stream_layout(key_of[src_macro], meta), stream_layout(key_of[m.name], meta), mesh):
+            for kind, axes, shape in redistribute(
+                meta, stream_layout(key_of[src_macro], meta), stream_layout(key_of[m.name], meta), mesh
+            ):
                 nbytes = int(as_number(numel(shape), ctx.vals) * meta.itemsize)
                 events[(kind, axes, nbytes, f"{g[x].location} -> {m.name}")] += 1
     order = {a: i for i, a in enumerate(mesh.axis_names)}
-    collectives = tuple(Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
-                        for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3]))
+    collectives = tuple(
+        Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
+        for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
+    )
     comm = sum(collective_seconds(c.kind, c.bytes, c.axes, mesh, ctx.hw) * c.count for c in collectives)
     memory = int(param_bytes + 3 * peak)
-    notes = ["VAE plan: one strategy per macro (residual block, attention, upsampler, head, tail); identical residual "
-             "blocks share one ILP variable",
-             "predicted time = compute + comm, no overlap; memory = parameters + 3 x the largest per-op live set"]
+    notes = [
+        "VAE plan: one strategy per macro (residual block, attention, upsampler, head, tail); identical residual "
+        "blocks share one ILP variable",
+        "predicted time = compute + comm, no overlap; memory = parameters + 3 x the largest per-op live set",
+    ]
     notes += [f"warning: {w}" for w in dict.fromkeys(warnings)]
-    return Plan(model=model, mesh=mesh, params=params, activations=tuple(acts), hardware=ctx.hw.name, collectives=collectives,
-                predicted=Predicted(compute + comm, compute, comm, memory),
-                solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
-                decisions=tuple(decisions), notes=tuple(notes), weight_sets=1)
+    return Plan(
+        model=model,
+        mesh=mesh,
+        params=params,
+        activations=tuple(acts),
+        hardware=ctx.hw.name,
+        collectives=collectives,
+        predicted=Predicted(compute + comm, compute, comm, memory),
+        solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
+        decisions=tuple(decisions),
+        notes=tuple(notes),
+        weight_sets=1,
+    )

@@ -61,6 +61,7 @@ def _select(names: Union[str, Sequence[str]]) -> set[str]:
         names = [n.strip() for n in names.split(",") if n.strip()]
     unknown = [n for n in names if n not in PASSES]
     if unknown:
-        raise ValueError(f"unknown rewrite pass(es) {unknown}: valid names are {', '.join(PASS_NAMES)} "
-                         f"(or 'all' / 'none')")
+        raise ValueError(
+            f"unknown rewrite pass(es) {unknown}: valid names are {', '.join(PASS_NAMES)} (or 'all' / 'none')"
+        )
     return set(names)

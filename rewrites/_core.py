@@ -56,8 +56,14 @@ def report(name: str, where: Iterable[str], skipped: Iterable[str]) -> RewriteRe
 
 LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
 SDPA = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
-CONV = {torch.conv1d: 1, torch.conv2d: 2, torch.conv3d: 3,
-        torch.nn.functional.conv1d: 1, torch.nn.functional.conv2d: 2, torch.nn.functional.conv3d: 3}
+CONV = {
+    torch.conv1d: 1,
+    torch.conv2d: 2,
+    torch.conv3d: 3,
+    torch.nn.functional.conv1d: 1,
+    torch.nn.functional.conv2d: 2,
+    torch.nn.functional.conv3d: 3,
+}
 
 
 def calls(node: fx.Node, targets: Union[Callable, tuple, dict]) -> bool:
@@ -136,14 +142,16 @@ def only_user(node: fx.Node) -> Optional[fx.Node]:
 
 # --- writing nodes ----------------------------------------------------------------------------------
 
+
 def fake_mode_of(example: Any):
     """The FakeTensorMode of the first FakeTensor in ``example`` (a tensor or a nest of them), else None."""
     fakes = [t for t in pytree.tree_leaves(example) if isinstance(t, FakeTensor)]
     return fakes[0].fake_mode if fakes else None
 
 
-def evaluate(op: str, target: Any, args: tuple, kwargs: dict, lookup: Callable[[Any], Any] = value,
-             mode: Any = None) -> Any:
+def evaluate(
+    op: str, target: Any, args: tuple, kwargs: dict, lookup: Callable[[Any], Any] = value, mode: Any = None
+) -> Any:
     """Run ``target`` on the example values of ``args`` (``lookup`` maps a node to its value): under
     their FakeTensorMode when they are fake (or ``mode`` when no argument is a tensor), on the meta
     device when they are real or meta tensors."""
@@ -153,8 +161,11 @@ def evaluate(op: str, target: Any, args: tuple, kwargs: dict, lookup: Callable[[
         mode = fake_mode_of(leaves)
     if mode is None:
         vargs, vkwargs = pytree.tree_map_only(torch.Tensor, lambda t: t.to("meta"), (vargs, vkwargs))
-    run = (lambda: getattr(vargs[0], target)(*vargs[1:], **vkwargs)) if op == "call_method" else (
-        lambda: target(*vargs, **vkwargs))
+    run = (
+        (lambda: getattr(vargs[0], target)(*vargs[1:], **vkwargs))
+        if op == "call_method"
+        else (lambda: target(*vargs, **vkwargs))
+    )
     if mode is not None:
         with mode:
             return run()
@@ -166,8 +177,9 @@ class Emitter:
     computed from its inputs and ``stack`` (default: ``origin``'s nn_module_stack) as its module stack.
     """
 
-    def __init__(self, graph: fx.Graph, anchor: fx.Node, origin: fx.Node, *, after: bool = False,
-                 stack: Optional[dict] = None) -> None:
+    def __init__(
+        self, graph: fx.Graph, anchor: fx.Node, origin: fx.Node, *, after: bool = False, stack: Optional[dict] = None
+    ) -> None:
         self.graph = graph
         self.cursor = anchor
         self.after = after

@@ -129,7 +129,11 @@ def _conv1x1(graph: fx.Graph, conv: fx.Node) -> None:
 def _tokens_out(conv: fx.Node):
     """The ``transpose(1, 2)`` of ``conv.flatten(2).transpose(1, 2)``, when that is the conv's only use."""
     flatten = only_user(conv)
-    if flatten is None or not calls_method(flatten, "flatten") or tuple(flatten.args[1:]) not in {(2,), (2, -1), (2, 4)}:
+    if (
+        flatten is None
+        or not calls_method(flatten, "flatten")
+        or tuple(flatten.args[1:]) not in {(2,), (2, -1), (2, 4)}
+    ):
         return None
     transpose = only_user(flatten)
     if transpose is None or not calls_method(transpose, "transpose") or tuple(sorted(transpose.args[1:])) != (1, 2):

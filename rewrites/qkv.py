@@ -144,7 +144,9 @@ def _pack(graph: fx.Graph, group: list[fx.Node], heads: int, order: dict[fx.Node
         return emit.method("flatten", emit.call(torch.cat, per_head, 1), 0, 1, name=name)
 
     weight = interleave([linear_args(n)[1] for n in group], "packed_weight")
-    bias = interleave([linear_args(n)[2] for n in group], "packed_bias") if linear_args(group[0])[2] is not None else None
+    bias = (
+        interleave([linear_args(n)[2] for n in group], "packed_bias") if linear_args(group[0])[2] is not None else None
+    )
     fused = emit.call(torch._C._nn.linear, x, weight, bias, name="qkv" if len(group) == 3 else "kv")
     parts = emit.method("unbind", emit.method("unflatten", fused, -1, (heads, len(group), head_dim)), -2)
     outputs = []

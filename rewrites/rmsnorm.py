@@ -98,7 +98,7 @@ def _match(normalize: fx.Node) -> _Chain:
             raise Skip(f"normalized values are cast to {value(node).dtype}: not fp32 throughout")
         nodes.append(node)
         node = _single_user(node)
-    if _scalar_factor(node) != channels ** 0.5:
+    if _scalar_factor(node) != channels**0.5:
         raise Skip(f"normalize is not followed by '* {channels}**0.5' (found {node.format_node()})")
     nodes.append(node)
 
@@ -122,7 +122,7 @@ def _rewrite(graph: fx.Graph, chain: _Chain) -> None:
     emit = Emitter(graph, chain.nodes[0], chain.nodes[0])
     x = chain.x if channel_last else emit.method("movedim", chain.x, chain.dim, -1)
     weight = emit.method("reshape", chain.gamma, (channels,))
-    y = emit.call(torch.nn.functional.rms_norm, x, (channels,), weight, chain.eps ** 2 / channels, name="rms_norm")
+    y = emit.call(torch.nn.functional.rms_norm, x, (channels,), weight, chain.eps**2 / channels, name="rms_norm")
     if not channel_last:
         y = emit.method("movedim", y, -1, chain.dim)
     replace(chain.nodes[-1], y)

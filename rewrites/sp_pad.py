@@ -158,8 +158,13 @@ class _Plan:
         lookup = lambda a: values[a] if isinstance(a, fx.Node) and a in values else value(a)  # noqa: E731
         for entry in self.entries:
             values[entry] = evaluate("call_function", torch.nn.functional.pad, (entry, self._widths(entry)), {})
-        mask = evaluate("call_function", _key_mask_value, (self.tokens, self.pad, self._device()), {},
-                        mode=fake_mode_of(value(self.entries[0])))
+        mask = evaluate(
+            "call_function",
+            _key_mask_value,
+            (self.tokens, self.pad, self._device()),
+            {},
+            mode=fake_mode_of(value(self.entries[0])),
+        )
         for node in self.nodes:
             if node not in self.region:
                 continue
@@ -169,8 +174,10 @@ class _Plan:
             try:
                 values[node] = evaluate(node.op, node.target, node.args, kwargs, lookup)
             except Exception as error:  # any op that cannot take L + P tokens
-                raise Skip(f"{module_path(node)}: {node.name} does not accept {self.tokens + self.pad} tokens "
-                           f"({type(error).__name__}: {str(error).splitlines()[0][:120]})") from None
+                raise Skip(
+                    f"{module_path(node)}: {node.name} does not accept {self.tokens + self.pad} tokens "
+                    f"({type(error).__name__}: {str(error).splitlines()[0][:120]})"
+                ) from None
         return values
 
     def _check_token_major(self, node: fx.Node, v: Any, tokens, what: str) -> None:
@@ -191,7 +198,8 @@ class _Plan:
         for entry in self.entries:
             anchor = last_placeholder if entry.op == "placeholder" else entry  # placeholders stay first
             padded = Emitter(self.graph, anchor, entry, after=True).call(
-                torch.nn.functional.pad, entry, self._widths(entry), name=f"{entry.name}_padded")
+                torch.nn.functional.pad, entry, self._widths(entry), name=f"{entry.name}_padded"
+            )
             entry.replace_all_uses_with(padded, delete_user_cb=lambda user: user in self.region)
         mask = self._emit_key_mask()
         for node in self.self_attention:
@@ -204,7 +212,8 @@ class _Plan:
                 node.meta["example_value"] = v
         for node in self.exits:
             cut = Emitter(self.graph, node, node, after=True).getitem(
-                node, (slice(None), slice(None, self.tokens)), name=f"{node.name}_unpadded")
+                node, (slice(None), slice(None, self.tokens)), name=f"{node.name}_unpadded"
+            )
             node.replace_all_uses_with(cut, delete_user_cb=lambda user: user not in self.region and user is not cut)  # noqa: B023 (called here)
 
     def _emit_key_mask(self) -> fx.Node:

@@ -19,7 +19,8 @@ HLO_DUMP = Path(tempfile.mkdtemp(prefix="wancompile-test-hlo-"))
 os.environ.setdefault("PJRT_DEVICE", "CPU")
 os.environ["CPU_NUM_DEVICES"] = "8"
 os.environ["XLA_FLAGS"] = " ".join(
-    [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump_to=")] + [f"--xla_dump_to={HLO_DUMP}"]
+    [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith("--xla_dump_to=")]
+    + [f"--xla_dump_to={HLO_DUMP}"]
 )
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
@@ -123,7 +124,7 @@ def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
     import json
 
     out, err = run_script(args, num_devices, timeout=timeout, stderr=True, **env_extra)
-    rows = [json.loads(line[len("FIDELITY "):]) for line in out.splitlines() if line.startswith("FIDELITY ")]
+    rows = [json.loads(line[len("FIDELITY ") :]) for line in out.splitlines() if line.startswith("FIDELITY ")]
     assert len(rows) == expected, out[-3000:]
     return rows, err
 
@@ -171,8 +172,16 @@ def tiny_dit(num_layers: int = 2):
 
     torch.manual_seed(0)
     return WanTransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
-        text_dim=32, freq_dim=16, ffn_dim=96, num_layers=num_layers, rope_max_seq_len=32,
+        patch_size=(1, 2, 2),
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=16,
+        ffn_dim=96,
+        num_layers=num_layers,
+        rope_max_seq_len=32,
     ).eval()
 
 
@@ -199,8 +208,15 @@ def _vae():
     from diffusers import AutoencoderKLWan
 
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2], num_res_blocks=1, temperal_downsample=[True],
-                           latents_mean=[0.0] * 4, latents_std=[1.0] * 4).eval()
+    vae = AutoencoderKLWan(
+        base_dim=8,
+        z_dim=4,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        temperal_downsample=[True],
+        latents_mean=[0.0] * 4,
+        latents_std=[1.0] * 4,
+    ).eval()
     torch.manual_seed(1)
     return capture(lambda z: vae.decode(z, return_dict=False), torch.randn(1, 4, 2, 4, 4))
 

@@ -169,8 +169,9 @@ def test_dynamic_shapes_record_guards_and_replan_when_a_resolution_breaks_them(t
     from wancompile.backend import last_program
 
     torch._dynamo.reset()
-    compiled = torch.compile(tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "memory_gb": 0.00032},
-                             dynamic=True, fullgraph=True)
+    compiled = torch.compile(
+        tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "memory_gb": 0.00032}, dynamic=True, fullgraph=True
+    )
     with torch.no_grad():
         out48 = compiled(**tiny_inputs, return_dict=False)[0]
     first = last_program()

@@ -11,8 +11,14 @@ from wancompile.capture import CaptureError, capture_fx, module_path, param_fqn,
 
 
 def test_placeholder_names_become_fully_qualified_parameter_names():
-    assert param_fqn("L_self_modules_blocks_modules_0_modules_attn1_modules_to_q_parameters_weight_") == "blocks.0.attn1.to_q.weight"
-    assert param_fqn("L_self_modules_blocks_modules_3_modules_ffn_modules_net_modules_0_modules_proj_parameters_bias_") == "blocks.3.ffn.net.0.proj.bias"
+    assert (
+        param_fqn("L_self_modules_blocks_modules_0_modules_attn1_modules_to_q_parameters_weight_")
+        == "blocks.0.attn1.to_q.weight"
+    )
+    assert (
+        param_fqn("L_self_modules_blocks_modules_3_modules_ffn_modules_net_modules_0_modules_proj_parameters_bias_")
+        == "blocks.3.ffn.net.0.proj.bias"
+    )
     assert param_fqn("L_self_modules_rope_buffers_freqs_cos_") == "rope.freqs_cos"
     assert param_fqn("L_self_parameters_scale_shift_table_") == "scale_shift_table"
     assert param_fqn("L_kwargs_hidden_states_") is None
@@ -20,7 +26,10 @@ def test_placeholder_names_become_fully_qualified_parameter_names():
 
 def test_module_stack_entries_become_dotted_paths():
     assert module_path("L['self']._modules['blocks']._modules['1'].attn2.to_k") == "blocks.1.attn2.to_k"
-    assert module_path("L['self']._modules['blocks']._modules['0']._modules['attn1']._modules['to_out']._modules['0']") == "blocks.0.attn1.to_out.0"
+    assert (
+        module_path("L['self']._modules['blocks']._modules['0']._modules['attn1']._modules['to_out']._modules['0']")
+        == "blocks.0.attn1.to_out.0"
+    )
     assert module_path("L['self']") == ""
 
 
@@ -51,8 +60,14 @@ def test_ops_inside_a_block_know_their_block_and_module(tiny_capture):
 
 def test_blocks_have_identical_structure(tiny_capture):
     graph, _ = tiny_capture
-    ops = [[(n.op, re.sub(r"^blocks\.\d+", "", n.module), n.out.shape if n.outputs else None) for n in graph if n.block == b]
-           for b in graph.blocks()]
+    ops = [
+        [
+            (n.op, re.sub(r"^blocks\.\d+", "", n.module), n.out.shape if n.outputs else None)
+            for n in graph
+            if n.block == b
+        ]
+        for b in graph.blocks()
+    ]
     assert ops[0] == ops[1]
 
 
@@ -73,14 +88,18 @@ def test_full_size_a14b_captures_on_meta_with_40_blocks():
 
     start = time.perf_counter()
     model = build_transformer("wan2.2-t2v-a14b", device="meta")
-    graph, _ = capture_module(model, **transformer_inputs("wan2.2-t2v-a14b", "720p", 81, device="meta"), return_dict=False)
+    graph, _ = capture_module(
+        model, **transformer_inputs("wan2.2-t2v-a14b", "720p", 81, device="meta"), return_dict=False
+    )
     seconds = time.perf_counter() - start
     print(f"A14B capture on meta: {seconds:.1f} s, {graph.summary()}")
     assert unannotated(graph) == []
     assert graph.blocks() == list(range(40))
     params = graph.params()
     assert len(params) == len(list(model.named_parameters())) + len(list(model.named_buffers())) == 1097
-    assert sum(n.out.numel for n in params if not n.param.startswith("rope.")) == sum(p.numel() for p in model.parameters())
+    assert sum(n.out.numel for n in params if not n.param.startswith("rope.")) == sum(
+        p.numel() for p in model.parameters()
+    )
     per_block = [sum(1 for n in graph if n.block == b) for b in range(40)]
     assert len(set(per_block)) == 1 and per_block[0] * 40 + sum(1 for n in graph if n.block is None) == len(graph)
     tokens = next(n for n in graph if n.op == "contiguous" and n.module == "")
@@ -95,8 +114,9 @@ def test_every_graph_of_the_streaming_vae_decode_is_annotated():
     from wancompile.capture import annotate, record_graphs
 
     torch.manual_seed(0)
-    vae = AutoencoderKLWan(base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-                           temperal_downsample=[False, True, True]).eval()
+    vae = AutoencoderKLWan(
+        base_dim=8, z_dim=4, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]
+    ).eval()
     graphs = record_graphs(vae.decode, torch.randn(1, 4, 3, 4, 4))
     assert len(graphs) > 1
     annotated = [annotate(gm) for gm in graphs]

@@ -34,8 +34,10 @@ def single_graph(tiny_capture):
 
 def test_split_mesh_refines_the_users_mesh_row_major():
     base = parse_mesh("2x4")
-    for axis, shape, names in (("batch", (2, 1, 4), ("cfg", "batch", "model")),
-                               ("model", (2, 2, 2), ("batch", "cfg", "model"))):
+    for axis, shape, names in (
+        ("batch", (2, 1, 4), ("cfg", "batch", "model")),
+        ("model", (2, 2, 2), ("batch", "cfg", "model")),
+    ):
         split = split_mesh(base, axis)
         assert (split.shape, split.axis_names) == (shape, names)
         i = base.axis_index(axis)
@@ -43,7 +45,7 @@ def test_split_mesh_refines_the_users_mesh_row_major():
             c, b = split.coords(d), base.coords(d)
             # the cfg coordinate is the major half of the split axis; the other coordinates are unchanged
             assert c[i] * (base.shape[i] // 2) + c[i + 1] == b[i]
-            assert c[:i] + c[i + 2:] == b[:i] + b[i + 1:]
+            assert c[:i] + c[i + 2 :] == b[:i] + b[i + 1 :]
     with pytest.raises(PlanError, match="size 1"):
         split_mesh(parse_mesh("1x8"), "batch")
 
@@ -122,7 +124,7 @@ def _need(graph, mesh, name: str) -> int:
         if name == "off":
             plan_graph(graph, mesh, "wh-loudbox", memory_gb=1e-6)
         else:
-            axis = name[len("split("):-1]
+            axis = name[len("split(") : -1]
             hw = split_profile(get_profile("wh-loudbox"), mesh, axis)
             plan_graph(graph, split_mesh(mesh, axis), hw, memory_gb=1e-6, batch_axes=(CFG_AXIS,))
     except MemoryBudgetError as e:
@@ -180,8 +182,10 @@ def test_hlo_axes_on_a_split_mesh():
     assert group_axes(((0, 1), (2, 3), (4, 5), (6, 7)), m3) == ("model",)
     assert group_axes(((0, 1, 4, 5), (2, 3, 6, 7)), m3) == ("batch", "model")
     m1 = split_mesh(parse_mesh("2x4"), "batch")  # (2, 1, 4) cfg, batch, model
-    hlo = ("  %all-gather.1 = f32[1,48,16]{2,1,0} all-gather(%x), channel_id=1, replica_groups=[2,4]<=[8], "
-           "dimensions={1}, use_global_device_ids=true")
+    hlo = (
+        "  %all-gather.1 = f32[1,48,16]{2,1,0} all-gather(%x), channel_id=1, replica_groups=[2,4]<=[8], "
+        "dimensions={1}, use_global_device_ids=true"
+    )
     assert [(c.kind, c.axes) for c in parse_collectives(hlo, m1)] == [("all-gather", ("model",))]
 
 
@@ -208,8 +212,9 @@ def test_backend_plans_a_pair_split_and_matches_two_eager_forwards(spmd, tiny_mo
     pair = {k: torch.cat([cond[k], uncond[k]]) for k in cond}
     with torch.no_grad():
         eager = torch.cat([tiny_model(**cond, return_dict=False)[0], tiny_model(**uncond, return_dict=False)[0]])
-    out, _, program = run_with_backend(tiny_model, pair, reference=False, mesh="2x4", memory_gb=0.00035,
-                                       dump_dir=str(tmp_path))
+    out, _, program = run_with_backend(
+        tiny_model, pair, reference=False, mesh="2x4", memory_gb=0.00035, dump_dir=str(tmp_path)
+    )
     c = program.plan.cfg_parallel
     assert c is not None and c.split and program.plan.mesh == c.option(c.chosen).mesh
     assert tuple(program.mesh.mesh_shape) == program.plan.mesh.shape
@@ -222,8 +227,21 @@ def test_backend_plans_a_pair_split_and_matches_two_eager_forwards(spmd, tiny_mo
 def test_cli_plans_the_pair_and_refuses_forcing_a_single_forward(tmp_path, capsys):
     from wancompile.cli import main
 
-    tiny = ["plan", "--model", "tiny", "--resolution", "tiny", "--frames", "9", "--mesh", "2x4",
-            "--hardware", "wh-loudbox", "--memory-gb", "0.00035"]
+    tiny = [
+        "plan",
+        "--model",
+        "tiny",
+        "--resolution",
+        "tiny",
+        "--frames",
+        "9",
+        "--mesh",
+        "2x4",
+        "--hardware",
+        "wh-loudbox",
+        "--memory-gb",
+        "0.00035",
+    ]
     assert main([*tiny, "--batch", "2", "--cfg-parallel", "on", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "plan.json").read_text())

@@ -25,11 +25,16 @@ ROOT = Path(__file__).resolve().parents[1]
 # case -> (mesh, budget GB, axes the planner may halve (None: the default, the major-most axis), the split it
 # must take). "*/model" cases ask for cfg between two axes (cfg_axes=("model",)) and are compiled through the
 # backend's `plan` option (a saved CFG plan on the user's 2-D mesh).
-CASES = {"2x4": ("2x4", 0.00035, None, "batch"), "4x2": ("4x2", 0.00035, None, "batch"),
-         "2x4/model": ("2x4", 0.00035, ("model",), "model"), "1x8": ("1x8", 0.00035, None, "model"),
-         # Galaxy-shaped, 32 devices: 2x4x4 (head-TP + SP per branch, FSDP on the FFN), and cfg in the middle
-         # (8x2x2, head-TP + SP + FSDP everywhere: the known GSPMD deviation, pinned below)
-         "8x4": ("8x4", 0.00025, None, "batch"), "8x4/model": ("8x4", 0.0002, ("model",), "model")}
+CASES = {
+    "2x4": ("2x4", 0.00035, None, "batch"),
+    "4x2": ("4x2", 0.00035, None, "batch"),
+    "2x4/model": ("2x4", 0.00035, ("model",), "model"),
+    "1x8": ("1x8", 0.00035, None, "model"),
+    # Galaxy-shaped, 32 devices: 2x4x4 (head-TP + SP per branch, FSDP on the FFN), and cfg in the middle
+    # (8x2x2, head-TP + SP + FSDP everywhere: the known GSPMD deviation, pinned below)
+    "8x4": ("8x4", 0.00025, None, "batch"),
+    "8x4/model": ("8x4", 0.0002, ("model",), "model"),
+}
 
 # One subprocess per group. "1x8" (1x2x4) and "2x4" (2x1x4) put every device at the same coordinates: the same
 # partitioned program, which XLA serves from its cache without a new HLO dump in the second case.
@@ -107,20 +112,37 @@ def _main(devices: int, cases: list[str]) -> None:
         observed = program.collectives()
         matches = compare_collectives(plan.collectives, observed)
         row = {
-            "case": case, "mesh": mesh, "plan_mesh": plan.mesh.to_json(), "chosen": plan.cfg_parallel.chosen,
+            "case": case,
+            "mesh": mesh,
+            "plan_mesh": plan.mesh.to_json(),
+            "chosen": plan.cfg_parallel.chosen,
             "options": [o.to_json() for o in plan.cfg_parallel.options],
-            "pcc": result.pcc, "max_abs": result.max_abs, "pcc_one_device": one.pcc, "max_abs_one_device": one.max_abs,
+            "pcc": result.pcc,
+            "max_abs": result.max_abs,
+            "pcc_one_device": one.pcc,
+            "max_abs_one_device": one.max_abs,
             "strategies": {d.node: d.strategy for d in plan.decisions},
             "sharded_params": len(plan.sharded_params()),
-            "matches": [{"kind": m.kind, "axes": list(m.axes), "predicted_count": m.predicted_count,
-                         "observed_count": m.observed_count, "predicted_bytes": m.predicted_bytes,
-                         "observed_bytes": m.observed_bytes} for m in matches],
+            "matches": [
+                {
+                    "kind": m.kind,
+                    "axes": list(m.axes),
+                    "predicted_count": m.predicted_count,
+                    "observed_count": m.observed_count,
+                    "predicted_bytes": m.predicted_bytes,
+                    "observed_bytes": m.observed_bytes,
+                }
+                for m in matches
+            ],
             "table": [str(m) for m in matches],
             "hlo": str(program.hlo_path),
         }
         print("FIDELITY " + json.dumps(row), flush=True)
-        print(f"{case} -> {plan.mesh} {plan.mesh.axis_names}: vs eager two batch-1 forwards {result}; "
-              f"vs one device {one}; " + "; ".join(f"{k}: {v}" for k, v in row["strategies"].items()), flush=True)
+        print(
+            f"{case} -> {plan.mesh} {plan.mesh.axis_names}: vs eager two batch-1 forwards {result}; "
+            f"vs one device {one}; " + "; ".join(f"{k}: {v}" for k, v in row["strategies"].items()),
+            flush=True,
+        )
         for line in row["table"]:
             print("   ", line, flush=True)
 

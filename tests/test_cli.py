@@ -15,8 +15,11 @@ TINY = ["--model", "tiny", "--resolution", "tiny", "--frames", "9"]
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory):
     out = {}
-    for name, extra in {"hand-2x4": ["--mesh", "2x4", "--hand", "tt-xla"], "hand-8x4": ["--mesh", "8x4", "--hand", "tt-xla"],
-                        "auto-2x4": ["--mesh", "2x4", "--memory-gb", "0.00025"]}.items():
+    for name, extra in {
+        "hand-2x4": ["--mesh", "2x4", "--hand", "tt-xla"],
+        "hand-8x4": ["--mesh", "8x4", "--hand", "tt-xla"],
+        "auto-2x4": ["--mesh", "2x4", "--memory-gb", "0.00025"],
+    }.items():
         d = tmp_path_factory.mktemp(name)
         hardware = "wh-galaxy" if "8x4" in name else "wh-loudbox"  # a profile at least as large as the mesh
         assert main(["plan", *TINY, "--hardware", hardware, *extra, "--out", str(d)]) == 0
@@ -25,7 +28,24 @@ def tiny_dirs(tmp_path_factory):
 
 
 def test_plan_writes_three_dumps_and_logs_steps_with_v(tmp_path, capsys):
-    assert main(["plan", *TINY, "--mesh", "2x4", "--hardware", "wh-loudbox", "--hand", "tt-xla", "--out", str(tmp_path), "-v"]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                *TINY,
+                "--mesh",
+                "2x4",
+                "--hardware",
+                "wh-loudbox",
+                "--hand",
+                "tt-xla",
+                "--out",
+                str(tmp_path),
+                "-v",
+            ]
+        )
+        == 0
+    )
     out, err = capsys.readouterr()
     for name in ("plan.json", "plan.md", "plan.html"):
         assert (tmp_path / name).stat().st_size > 1000 and f"wrote {tmp_path / name}" in out
@@ -62,10 +82,15 @@ def test_explain_a_decision_names_choice_cost_collectives_and_alternatives(tiny_
     assert lines[0] == f"blocks.*.ffn (x2): {ffn.strategy}"
     assert lines[1].startswith(f"  cost: the best plan with it, {ffn.cost * 1e3:.3f} ms per forward")
     if "Megatron" in ffn.strategy:  # the row-parallel all-reduce, with its bytes and op
-        assert any(line.startswith("    all-reduce         model") and line.endswith("at blocks.*.ffn.net.2:linear#0") for line in lines)
+        assert any(
+            line.startswith("    all-reduce         model") and line.endswith("at blocks.*.ffn.net.2:linear#0")
+            for line in lines
+        )
     delta = (ffn.rejected_cost - ffn.cost) * 1e3
-    assert (f"  best rejected: {ffn.rejected}, the best plan with it instead {ffn.rejected_cost * 1e3:.3f} ms per forward "
-            f"({delta:+.3f} ms)") in lines
+    assert (
+        f"  best rejected: {ffn.rejected}, the best plan with it instead {ffn.rejected_cost * 1e3:.3f} ms per forward "
+        f"({delta:+.3f} ms)"
+    ) in lines
     assert "options priced (ms per forward): " in out and "=0.0" in out  # each option priced on its own
 
 
@@ -73,20 +98,29 @@ def test_explain_a_parameter_and_an_op(tiny_dirs, capsys):
     d = str(tiny_dirs["hand-2x4"])
     assert main(["explain", d, "blocks.1.attn1.to_out.0.weight"]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines()[:3] == ["parameter blocks.*.attn1.to_out.0.weight (same spec in all 2 blocks)",
-                                    "  spec: (-, model)", "  shape: (64, 64) bfloat16; per device (64, 16)"]
+    assert out.splitlines()[:3] == [
+        "parameter blocks.*.attn1.to_out.0.weight (same spec in all 2 blocks)",
+        "  spec: (-, model)",
+        "  shape: (64, 64) bfloat16; per device (64, 16)",
+    ]
     assert "all-reduce on model 3.0 KiB" in out
     assert main(["explain", d, "blocks.0.attn1:scaled_dot_product_attention#0"]) == 0
     out = capsys.readouterr().out
     assert "-> 1 × 4/model × 48/batch × 16" in out and out.count("all-gather on batch 1.5 KiB") == 2
     assert main(["explain", d, ":contiguous#0"]) == 0
-    assert "constraint at :contiguous#0: (-, batch, -) — SP: tokens sharded at the block-stack entry" in capsys.readouterr().out
+    assert (
+        "constraint at :contiguous#0: (-, batch, -) — SP: tokens sharded at the block-stack entry"
+        in capsys.readouterr().out
+    )
 
 
 def test_explain_unknown_names_near_misses(tiny_dirs, capsys):
     assert main(["explain", str(tiny_dirs["auto-2x4"]), "blocks.0.attn3"]) == 2
     err = capsys.readouterr().err
-    assert "no such decision, parameter, module or op: plan" in err and "has none named 'blocks.0.attn3'; try one of:" in err
+    assert (
+        "no such decision, parameter, module or op: plan" in err
+        and "has none named 'blocks.0.attn3'; try one of:" in err
+    )
     assert main(["explain", str(tiny_dirs["auto-2x4"]), "blocks.99.attn1"]) == 2
     assert "no such block: plan" in capsys.readouterr().err
 
@@ -125,8 +159,28 @@ def test_full_size_plan_on_galaxy_writes_valid_dumps(model, tmp_path):
     from wancompile.report import Report
     from wancompile.report.schema import errors
 
-    assert main(["plan", "--model", model, "--component", "transformer", "--mesh", "8x4", "--hardware", "wh-galaxy",
-                 "--resolution", "720p", "--frames", "81", "--out", str(tmp_path)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "--model",
+                model,
+                "--component",
+                "transformer",
+                "--mesh",
+                "8x4",
+                "--hardware",
+                "wh-galaxy",
+                "--resolution",
+                "720p",
+                "--frames",
+                "81",
+                "--out",
+                str(tmp_path),
+            ]
+        )
+        == 0
+    )
     assert errors(json.loads((tmp_path / "plan.json").read_text())) == []
     rep = Report.load(tmp_path)
     assert rep.num_blocks == (30 if "5b" in model else 40) and rep.table_rows("block")

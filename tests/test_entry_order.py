@@ -29,18 +29,20 @@ SEGFAULT = -11
 
 
 def _child(case: str, **env_set: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("XLA_USE_SPMD", "CPU_NUM_DEVICES", "PJRT_DEVICE", "XLA_FLAGS")}
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("XLA_USE_SPMD", "CPU_NUM_DEVICES", "PJRT_DEVICE", "XLA_FLAGS")
+    }
     env.update(env_set)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    return subprocess.run([sys.executable, __file__, case], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
+    return subprocess.run(
+        [sys.executable, __file__, case], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900
+    )
 
 
 def _result(proc: subprocess.CompletedProcess) -> dict:
     assert proc.returncode == 0, proc.stderr[-4000:]
     (line,) = [ln for ln in proc.stdout.splitlines() if ln.startswith("ENTRY ")]
-    return json.loads(line[len("ENTRY "):])
+    return json.loads(line[len("ENTRY ") :])
 
 
 def _refused(proc: subprocess.CompletedProcess) -> str:
@@ -86,9 +88,18 @@ def _tiny():
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
-    model = WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4,
-                                  out_channels=4, text_dim=32, freq_dim=16, ffn_dim=96, num_layers=2,
-                                  rope_max_seq_len=32).eval()
+    model = WanTransformer3DModel(
+        patch_size=(1, 2, 2),
+        num_attention_heads=4,
+        attention_head_dim=16,
+        in_channels=4,
+        out_channels=4,
+        text_dim=32,
+        freq_dim=16,
+        ffn_dim=96,
+        num_layers=2,
+        rope_max_seq_len=32,
+    ).eval()
     g = torch.Generator().manual_seed(1)
     return model, (torch.randn(1, 4, 3, 8, 8, generator=g), torch.tensor([500]), torch.randn(1, 7, 32, generator=g))
 
@@ -119,8 +130,16 @@ def main(case: str) -> None:
         out = compiled(*inputs, return_dict=False)[0]
     from wancompile import runtime
 
-    print("ENTRY " + json.dumps({"out_device": out.device.type, "devices": runtime.device_count(),
-                                 "max_abs_vs_eager": float((out.cpu() - eager).abs().max())}))
+    print(
+        "ENTRY "
+        + json.dumps(
+            {
+                "out_device": out.device.type,
+                "devices": runtime.device_count(),
+                "max_abs_vs_eager": float((out.cpu() - eager).abs().max()),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

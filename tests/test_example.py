@@ -23,7 +23,10 @@ def test_hand_plan_on_1x4_matches_one_device():
     assert kinds == {("all-reduce", ("model",))}  # no SP axis: no gathers
     # 2 blocks x (3 row-parallel + 4 norm stats) + time/text embedder = 16 (seed: "3 big + 4 small" per block)
     assert len(report["collectives"]) == 16
-    assert all(r["predicted"] == r["compiled"] and r["predicted_bytes"] == r["compiled_bytes"] for r in report["predicted_vs_compiled"])
+    assert all(
+        r["predicted"] == r["compiled"] and r["predicted_bytes"] == r["compiled_bytes"]
+        for r in report["predicted_vs_compiled"]
+    )
 
 
 def test_saved_plan_file_runs_through_the_example(tmp_path):
@@ -39,8 +42,9 @@ def test_bad_mesh_string_is_a_usage_error():
 
     from conftest import ROOT
 
-    proc = subprocess.run([sys.executable, "examples/tiny_dit_sharded.py", "--mesh", "2by4"], cwd=ROOT,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "examples/tiny_dit_sharded.py", "--mesh", "2by4"], cwd=ROOT, capture_output=True, text=True
+    )
     assert proc.returncode == 2 and "cannot parse mesh '2by4'" in proc.stderr
 
 

@@ -40,10 +40,14 @@ def test_export_module_reads_like_the_seed(tmp_path, tiny_capture):
     write_dumps(plan, tmp_path, graph=tiny_capture[0])
     text = export_python(Report.load(tmp_path))
     compile(text, "plan.py", "exec")
-    assert "import wancompile" not in text and "from wancompile" not in text and "planner" not in text.split('"""', 2)[2]
+    assert (
+        "import wancompile" not in text and "from wancompile" not in text and "planner" not in text.split('"""', 2)[2]
+    )
     assert "    'attn1.to_q.weight': ('model', None),\n" in text
     assert "    'attn1.to_out.0.weight': (None, 'model'),\n" in text
-    assert "    ('', 'contiguous', 0, 0, (None, 'batch', None)),  # SP: tokens sharded at the block-stack entry\n" in text
+    assert (
+        "    ('', 'contiguous', 0, 0, (None, 'batch', None)),  # SP: tokens sharded at the block-stack entry\n" in text
+    )
     namespace: dict = {}
     exec(compile(text.replace("import torch_xla.distributed.spmd as xs", "xs = None"), "plan.py", "exec"), namespace)
     specs = namespace["PARAM_SPECS"]
@@ -83,7 +87,11 @@ def test_exported_module_compiles_to_the_backends_collectives_and_numerics(tmp_p
         results[side] = json.loads(out.read_text())
     for name in cases:
         b, e = results["backend"][name], results["export"][name]
-        assert Counter(map(tuple, map(_key, e["collectives"]))) == Counter(map(tuple, map(_key, b["collectives"]))), (name, b, e)
+        assert Counter(map(tuple, map(_key, e["collectives"]))) == Counter(map(tuple, map(_key, b["collectives"]))), (
+            name,
+            b,
+            e,
+        )
         assert b["collectives"], f"{name}: the plan is sharded, its program must hold collectives"
         ob, oe = torch.load(b["output"]), torch.load(e["output"])
         from wancompile.verify import numerics
@@ -126,7 +134,9 @@ def _run(side: str, cases: dict, out: Path, dump: Path) -> None:
             from wancompile.backend import last_program
 
             torch._dynamo.reset()
-            compiled = torch.compile(model, backend="wan_autoshard", options={"mesh": "2x4", "plan": str(d / "plan.json")}, fullgraph=True)
+            compiled = torch.compile(
+                model, backend="wan_autoshard", options={"mesh": "2x4", "plan": str(d / "plan.json")}, fullgraph=True
+            )
             with torch.no_grad():
                 output = compiled(**inputs, return_dict=False)[0]
             path = last_program().hlo_path
@@ -150,8 +160,12 @@ def _run(side: str, cases: dict, out: Path, dump: Path) -> None:
             path = hlo.main_module(hlo.new_modules(dump, before))
         colls = hlo.parse_collectives(Path(path).read_text(), plan.mesh)
         torch.save(output, out.parent / f"{side}-{name}.pt")
-        results[name] = {"collectives": sorted([c.kind, list(c.axes), c.bytes] for c in colls), "output": str(out.parent / f"{side}-{name}.pt"),
-                         "hlo": str(path), "unapplied": unapplied}
+        results[name] = {
+            "collectives": sorted([c.kind, list(c.axes), c.bytes] for c in colls),
+            "output": str(out.parent / f"{side}-{name}.pt"),
+            "hlo": str(path),
+            "unapplied": unapplied,
+        }
     out.write_text(json.dumps(results))
 
 

@@ -54,7 +54,9 @@ def _check(row: dict) -> None:
     assert row["matches"], where
     for m in row["matches"]:
         assert m["predicted_count"] == m["observed_count"], f"{where}\n{table}"
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(m["predicted_bytes"], m["observed_bytes"]), f"{where}\n{table}"
+        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
+            m["predicted_bytes"], m["observed_bytes"]
+        ), f"{where}\n{table}"
     assert not row["combined"], f"{where}: XLA combined collectives other than all-to-all: {row['combined']}"
     assert row["sharded_params"] > 0 or row["case"].startswith("ulysses"), where
 
@@ -115,12 +117,24 @@ def _main(mesh: str) -> None:
         observed = program.collectives()
         matches = compare_collectives(program.plan.collectives, observed)
         row = {
-            "mesh": mesh, "case": name, "pcc": result.pcc, "max_abs": result.max_abs,
+            "mesh": mesh,
+            "case": name,
+            "pcc": result.pcc,
+            "max_abs": result.max_abs,
             "strategies": {d.node: d.strategy for d in program.plan.decisions},
             "notes": {d.node: d.note for d in program.plan.decisions},
             "sharded_params": len(program.plan.sharded_params()),
-            "matches": [{"kind": m.kind, "axes": list(m.axes), "predicted_count": m.predicted_count, "observed_count": m.observed_count,
-                         "predicted_bytes": m.predicted_bytes, "observed_bytes": m.observed_bytes} for m in matches],
+            "matches": [
+                {
+                    "kind": m.kind,
+                    "axes": list(m.axes),
+                    "predicted_count": m.predicted_count,
+                    "observed_count": m.observed_count,
+                    "predicted_bytes": m.predicted_bytes,
+                    "observed_bytes": m.observed_bytes,
+                }
+                for m in matches
+            ],
             "combined": sorted({c.kind for c in observed if c.shape.startswith("(") and c.kind != "all-to-all"}),
             "tuple_all_to_all": sum(1 for c in observed if c.shape.startswith("(") and c.kind == "all-to-all"),
             "table": [str(m) for m in matches],

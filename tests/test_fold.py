@@ -14,7 +14,9 @@ pytestmark = pytest.mark.usefixtures("spmd")
 
 
 def _concats(hlo_path, shape: str) -> int:
-    return sum(1 for line in hlo_path.read_text().splitlines() if re.search(rf"= {re.escape(shape)}\S* concatenate\(", line))
+    return sum(
+        1 for line in hlo_path.read_text().splitlines() if re.search(rf"= {re.escape(shape)}\S* concatenate\(", line)
+    )
 
 
 def test_qkv_packing_is_folded_once_with_its_tp_sharding_and_the_same_collectives():
@@ -114,8 +116,8 @@ class _Mixed(torch.nn.Module):
         self.register_buffer("c", torch.randn(8))
 
     def forward(self, x):
-        self.c.mul_(1.0)                                   # mutated: c and its views are not constants
-        noisy = self.w * torch.rand_like(self.w)           # random
+        self.c.mul_(1.0)  # mutated: c and its views are not constants
+        noisy = self.w * torch.rand_like(self.w)  # random
         return x @ (self.w.t() * 2) + x @ noisy.sum(0, keepdim=True).t() + self.c.view(1, 8) + (self.w[0] + x[0])
 
 
@@ -132,6 +134,6 @@ def test_only_deterministic_parameter_only_ops_are_folded():
     w, c = module.w.detach(), module.c
     deterministic = x @ (w.t() * 2) + c.view(1, 8) + (w[0] + x[0])
     noise_term = out - deterministic  # = x @ (w * U).sum(0)^T with U ~ U[0, 1)
-    bound = (x.abs() @ w.abs().sum(0, keepdim=True).t())
+    bound = x.abs() @ w.abs().sum(0, keepdim=True).t()
     assert (noise_term.abs() <= bound + 1e-5).all()
     assert program.fold.runs == 1

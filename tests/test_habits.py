@@ -25,6 +25,15 @@ def test_ruff_check_is_clean():
     assert proc.returncode == 0, proc.stdout[-3000:]
 
 
+@pytest.mark.skipif(importlib.util.find_spec("ruff") is None, reason="ruff not installed (pip install -e '.[test]')")
+def test_ruff_format_is_applied():
+    """`python -m ruff format .` once, then kept: a diff is formatting-free to review."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:]
+
+
 def test_nothing_points_outside_the_project():
     """A clone has no ../shared: design facts the project cites live in docs/ (design.md, seeds.md,
     hardware-figures.md)."""

@@ -19,7 +19,9 @@ def test_decomposed_layer_norm_equals_the_op():
     x = torch.randn(2, 48, 64) * 3 + 1
     w, b = torch.randn(64), torch.randn(64)
     assert (layer_norm_decomposed(x, (64,), w, b, 1e-6) - F.layer_norm(x, (64,), w, b, 1e-6)).abs().max() <= 1e-6
-    assert (layer_norm_decomposed(x, (64,), None, None, 1e-6) - F.layer_norm(x, (64,), None, None, 1e-6)).abs().max() <= 1e-6
+    assert (
+        layer_norm_decomposed(x, (64,), None, None, 1e-6) - F.layer_norm(x, (64,), None, None, 1e-6)
+    ).abs().max() <= 1e-6
 
 
 def test_legalize_replaces_every_layer_norm_of_the_dit(tiny_capture):
@@ -29,7 +31,9 @@ def test_legalize_replaces_every_layer_norm_of_the_dit(tiny_capture):
 
 
 @pytest.mark.usefixtures("spmd")
-def test_without_legalization_sp_gathers_the_hidden_state_before_every_layer_norm(tiny_capture, tiny_model, tiny_inputs):
+def test_without_legalization_sp_gathers_the_hidden_state_before_every_layer_norm(
+    tiny_capture, tiny_model, tiny_inputs
+):
     from wancompile.lowering import ShardedProgram, xla_mesh
 
     graph, gm = tiny_capture

@@ -11,6 +11,7 @@ The XLA checks run in a subprocess with its own runtime (``PJRT_DEVICE=CPU``, on
 SPMD), so they are independent of how the pytest process configured torch_xla (tests in this
 project may run with ``CPU_NUM_DEVICES=8`` and SPMD enabled).
 """
+
 from __future__ import annotations
 
 import copy
@@ -147,8 +148,9 @@ print("RESULT " + json.dumps(res))
 
 
 def _child_env():
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("XLA_", "PJRT_", "CPU_NUM_DEVICES", "TPU_", "XRT_"))}
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM_DEVICES", "TPU_", "XRT_"))
+    }
     env["PJRT_DEVICE"] = "CPU"
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     return env
@@ -156,11 +158,17 @@ def _child_env():
 
 @pytest.fixture(scope="module")
 def xla_result():
-    proc = subprocess.run([sys.executable, "-c", _CHILD, str(ROOT / "bench")], env=_child_env(),
-                          cwd=str(ROOT), capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(ROOT / "bench")],
+        env=_child_env(),
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, f"child failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return json.loads(lines[-1][len("RESULT ") :])
 
 
 @pytest.mark.slow
@@ -170,7 +178,8 @@ def test_openxla_eval_differs_only_through_rope_write_order(xla_result):
         bug = rows[("openxla_eval", t)]
         assert bug["maxabs"] > BUG_MIN_MAXABS and bug["pcc"] < 0.9999, (
             f"openxla_eval now matches eager CPU at t={t} ({bug}): torch_xla's partitioner may "
-            "have been fixed; update docs/numerics.md and DESIGN.md §4")
+            "have been fixed; update docs/numerics.md and DESIGN.md §4"
+        )
         for fix in ("openxla_eval+functionalize_setitem", "openxla_eval+stable_partition_order"):
             r = rows[(fix, t)]
             assert r["maxabs"] < FIXED_MAX_MAXABS and r["pcc"] > 0.999999, (fix, r)

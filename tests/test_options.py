@@ -25,7 +25,12 @@ def test_options_are_frozen():
 
 
 def test_environment_variables_are_read_and_the_dict_wins():
-    env = {"WANCOMPILE_MESH": "1x4", "WANCOMPILE_VERIFY": "1", "WANCOMPILE_MEMORY_GB": "12", "WANCOMPILE_REWRITES": "qkv,rope"}
+    env = {
+        "WANCOMPILE_MESH": "1x4",
+        "WANCOMPILE_VERIFY": "1",
+        "WANCOMPILE_MEMORY_GB": "12",
+        "WANCOMPILE_REWRITES": "qkv,rope",
+    }
     opts = Options.from_user({"mesh": "2x4"}, env=env)
     assert opts.mesh.shape == (2, 4)
     assert opts.verify is True

@@ -151,8 +151,11 @@ def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short
     pipe.set_progress_bar_config(disable=True)
     ref = _run(pipe, "np", steps=2, frames=17)  # 5 latent frames
     latent = (1, 16, 5, 4, 4)
-    weights = sum(p.numel() * p.element_size() for t in (pipe.transformer, pipe.transformer_2)
-                  for p in [*t.parameters(), *t.buffers()])  # replicated, both experts
+    weights = sum(
+        p.numel() * p.element_size()
+        for t in (pipe.transformer, pipe.transformer_2)
+        for p in [*t.parameters(), *t.buffers()]
+    )  # replicated, both experts
     memory = decode_memory(TINY_PIPELINE_VAE, latent)
     budget = weights + memory.peak(2) + memory.per_frame // 2  # full-T (5 frames) does not fit, 2 frames do
     wancompile.compile_pipeline(pipe, mesh="2x4", memory_gb=budget / 1e9)
@@ -182,17 +185,29 @@ def test_replayed_dit_follows_every_call_s_timestep_and_latents():
     x, e = torch.randn(1, 16, 3, 4, 4, generator=g), torch.randn(1, 16, 32, generator=g)
     with torch.no_grad():
         for t in (999.0, 500.0, 10.0):
-            _check(pipe.transformer(x, torch.tensor([t]), e, return_dict=False)[0],
-                   model(x, torch.tensor([t]), e, return_dict=False)[0], LATENTS_MAX_ABS)
+            _check(
+                pipe.transformer(x, torch.tensor([t]), e, return_dict=False)[0],
+                model(x, torch.tensor([t]), e, return_dict=False)[0],
+                LATENTS_MAX_ABS,
+            )
         x = torch.randn(1, 16, 3, 4, 4, generator=g)
-        _check(pipe.transformer(x, torch.tensor([3.0]), e, return_dict=False)[0],
-               model(x, torch.tensor([3.0]), e, return_dict=False)[0], LATENTS_MAX_ABS)
+        _check(
+            pipe.transformer(x, torch.tensor([3.0]), e, return_dict=False)[0],
+            model(x, torch.tensor([3.0]), e, return_dict=False)[0],
+            LATENTS_MAX_ABS,
+        )
     (program,) = compilation(pipe).programs()
-    source_moves = [n for n in program.source.graph.nodes if n.op == "call_method" and n.target == "to"
-                    and any(isinstance(a, torch.device) for a in n.args[1:])]
+    source_moves = [
+        n
+        for n in program.source.graph.nodes
+        if n.op == "call_method" and n.target == "to" and any(isinstance(a, torch.device) for a in n.args[1:])
+    ]
     assert {n.name for n in source_moves} >= {"shift_1", "scale_1"}  # norm_out's shift and scale (and more)
-    assert not [n for n in program.lowered.graph.nodes if n.op == "call_method" and n.target == "to"
-                and any(isinstance(a, torch.device) for a in n.args[1:])]
+    assert not [
+        n
+        for n in program.lowered.graph.nodes
+        if n.op == "call_method" and n.target == "to" and any(isinstance(a, torch.device) for a in n.args[1:])
+    ]
     assert program.traces == 1 and sum(r.runs for r in program._replays.values()) == 4  # traced once, replayed
 
 
@@ -287,8 +302,11 @@ def _order_main(order: str) -> None:
     else:
         raise SystemExit(f"unknown order {order!r}")
     result = numerics(out, ref)
-    print(json.dumps({"order": order, "pcc": result.pcc, "max_abs": result.max_abs,
-                      "new_graphs_second_call": _graphs() - before}))
+    print(
+        json.dumps(
+            {"order": order, "pcc": result.pcc, "max_abs": result.max_abs, "new_graphs_second_call": _graphs() - before}
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,19 @@ def test_plan_json_round_trip_is_exact(tmp_path, hand_plan):
     path = save_plan(hand_plan, tmp_path / "plan.json")
     assert load_plan(path) == hand_plan
     data = json.loads(path.read_text())
-    for key in ("schema_version", "model", "mesh", "hardware", "solver", "params", "activations", "collectives",
-                "predicted", "decisions", "rewrites"):
+    for key in (
+        "schema_version",
+        "model",
+        "mesh",
+        "hardware",
+        "solver",
+        "params",
+        "activations",
+        "collectives",
+        "predicted",
+        "decisions",
+        "rewrites",
+    ):
         assert key in data, key
     assert data["params"]["blocks.0.attn1.to_q.weight"] == ["model", None]
     assert data["activations"][0]["node"] == ":contiguous#0"
@@ -39,8 +50,11 @@ def test_plan_for_a_different_model_is_refused_with_names(graph, hand_plan):
     params = dict(hand_plan.params)
     params["blocks.7.attn1.to_q.weight"] = ("model", None)
     del params["blocks.0.ffn.net.2.weight"]
-    with pytest.raises(PlanError, match=r"1 parameter\(s\) the model does not have \(e\.g\. blocks\.7\.attn1\.to_q\.weight\).*"
-                                        r"no spec for 1 .*blocks\.0\.ffn\.net\.2\.weight.*Re-plan"):
+    with pytest.raises(
+        PlanError,
+        match=r"1 parameter\(s\) the model does not have \(e\.g\. blocks\.7\.attn1\.to_q\.weight\).*"
+        r"no spec for 1 .*blocks\.0\.ffn\.net\.2\.weight.*Re-plan",
+    ):
         hand_plan.with_(params=params).check(graph)
 
 
@@ -55,7 +69,10 @@ def test_spec_that_does_not_divide_the_tensor_is_refused(graph, hand_plan):
     with pytest.raises(PlanError, match="uses a mesh axis twice"):
         hand_plan.with_(params=params).check(graph)
     bad = hand_plan.with_(mesh=MeshSpec((2, 3), ("batch", "model")))
-    with pytest.raises(PlanError, match=r"plan parameter \S+weight: dim 0 of size 64 cannot be split 3 ways by \(model, -\) on mesh 2x3"):
+    with pytest.raises(
+        PlanError,
+        match=r"plan parameter \S+weight: dim 0 of size 64 cannot be split 3 ways by \(model, -\) on mesh 2x3",
+    ):
         bad.check(graph)
 
 

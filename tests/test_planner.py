@@ -63,8 +63,24 @@ def test_every_a14b_op_kind_has_a_rule(a14b):
 
 
 def test_unknown_op_is_planned_replicated_with_a_warning():
-    x = Node("x", "placeholder", (), (TensorMeta((8, 4), "float32"),), "", Location("", "placeholder", 0), attrs={"input": "x"})
-    y = Node("y", "frobnicate", ("x",), (TensorMeta((8, 4), "float32"),), "m", Location("m", "frobnicate", 0), attrs={"args": [{"node": "x"}]})
+    x = Node(
+        "x",
+        "placeholder",
+        (),
+        (TensorMeta((8, 4), "float32"),),
+        "",
+        Location("", "placeholder", 0),
+        attrs={"input": "x"},
+    )
+    y = Node(
+        "y",
+        "frobnicate",
+        ("x",),
+        (TensorMeta((8, 4), "float32"),),
+        "m",
+        Location("m", "frobnicate", 0),
+        attrs={"args": [{"node": "x"}]},
+    )
     g = Graph([x, y])
     mesh = parse_mesh("1x4")
     ev = evaluate(g, list(g), mesh, PROFILES["wh-loudbox"], boundary={"x": (Layout((("model",), ())),)})
@@ -94,18 +110,25 @@ def test_no_head_tp_when_heads_do_not_divide(tiny):
     attn = next(d for d in plan.decisions if d.node.startswith("blocks.*.attn1"))
     assert "head-TP over model (8): 4 heads do not divide into 8" in attn.note
     assert "head-TP" not in attn.strategy
-    assert plan.params["blocks.0.attn1.to_q.weight"] in ((None, None), (("batch", "model"), None)) or "model" not in str(plan.params["blocks.0.attn1.to_q.weight"])
+    assert plan.params["blocks.0.attn1.to_q.weight"] in (
+        (None, None),
+        (("batch", "model"), None),
+    ) or "model" not in str(plan.params["blocks.0.attn1.to_q.weight"])
 
 
 def test_memory_budget_no_plan_meets(tiny):
-    with pytest.raises(MemoryBudgetError, match=r"smallest plan on this mesh needs .* GB per device. Raise memory_gb to at least") as e:
+    with pytest.raises(
+        MemoryBudgetError, match=r"smallest plan on this mesh needs .* GB per device. Raise memory_gb to at least"
+    ) as e:
         plan_graph(tiny, parse_mesh("2x4"), "wh-loudbox", memory_gb=1e-6)
     plan_graph(tiny, parse_mesh("2x4"), "wh-loudbox", memory_gb=e.value.need_gb).check(tiny)  # the named minimum plans
 
 
 def test_tight_memory_forces_weight_sharding(tiny):
     roomy = plan_graph(tiny, parse_mesh("2x4"), "wh-loudbox")
-    tight = plan_graph(tiny, parse_mesh("2x4"), "wh-loudbox", memory_gb=roomy.predicted.memory_bytes_per_device * 0.5e-9)
+    tight = plan_graph(
+        tiny, parse_mesh("2x4"), "wh-loudbox", memory_gb=roomy.predicted.memory_bytes_per_device * 0.5e-9
+    )
     assert tight.predicted.memory_bytes_per_device < roomy.predicted.memory_bytes_per_device
     assert len(tight.sharded_params()) > len(roomy.sharded_params())
 

@@ -50,13 +50,18 @@ def hand_dir(tmp_path_factory):
 def section(md: str, title: str) -> str:
     start = md.index(f"## {title}")
     end = md.find("\n## ", start + 1)
-    return md[start:end if end > 0 else len(md)].strip()
+    return md[start : end if end > 0 else len(md)].strip()
 
 
 def test_hand_plan_block_table_and_bill_are_the_seeds(hand_dir):
     md = (hand_dir / "plan.md").read_text()
-    assert "| collectives per block | 5 big + 4 small (2 all-gather on batch, 3 all-reduce on model; small: 4 all-reduce on model) |" in md
-    assert_expected_inline(stable(section(md, "One block")), """\
+    assert (
+        "| collectives per block | 5 big + 4 small (2 all-gather on batch, 3 all-reduce on model; small: 4 all-reduce on model) |"
+        in md
+    )
+    assert_expected_inline(
+        stable(section(md, "One block")),
+        """\
 ## One block, op by op (`blocks.*`, x2)
 
 State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); `+P(model)`: partial sums over `model`. us = predicted compute + collectives of the op, per block.
@@ -97,11 +102,14 @@ Block total: 333.7 us (compute 133.8 us + comm 199.9 us) x 2 blocks = 0.667 ms p
 | all-reduce | model | 96 B | 1 | small | blocks.*.attn2.norm_q (mean-square stats) |
 | all-reduce | model | 28 B | 1 | small | blocks.*.attn2.norm_k (mean-square stats) |
 | all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 key on tokens |
-| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 value on tokens |""")
+| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 value on tokens |""",
+    )
 
 
 def test_auto_plan_md_golden(auto_dir):
-    assert_expected_inline(stable((auto_dir / "plan.md").read_text()), """\
+    assert_expected_inline(
+        stable((auto_dir / "plan.md").read_text()),
+        """\
 # Sharding plan: tiny on 2x4 (batch, model)
 
 | plan | value |
@@ -252,7 +260,8 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 - planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name
 - predicted time = compute + comm, no overlap assumed; 1 weight set(s) resident
 - memory forces weight sharding: attn2 SP(batch)+FSDP
-""")
+""",
+    )
 
 
 def test_the_bill_counted_from_the_trace_matches_the_plans_prediction(hand_dir, auto_dir):
@@ -282,15 +291,27 @@ def test_every_dump_validates_against_the_published_schema(hand_dir, auto_dir):
         assert data["report"]["ops"], "the dump carries the per-op trace"
 
 
-@pytest.mark.parametrize("break_it, message", [
-    (lambda d: d.pop("mesh"), r"\$: missing required field 'mesh'"),
-    (lambda d: d.update(schema_version=2), r"\$\.schema_version: expected 1, got 2"),
-    (lambda d: d["params"].update({"proj_out.weight": [None, 3]}), r"\$\.params\['proj_out\.weight'\]\[1\]: 3 matches none"),
-    (lambda d: d["collectives"].append({"kind": "all-sum", "axes": [], "bytes": 1, "count": 1, "where": ""}), r"'all-sum' is not one of"),
-    (lambda d: d["activations"][0].update(node="blocks.0.attn1.linear"), r"\$\.activations\[0\]\.node: .* does not match"),
-    (lambda d: d["report"]["ops"][0].update(segment="middle"), r"segment: 'middle' is not one of"),
-    (lambda d: d.update(extra=1), r"unexpected field 'extra'"),
-])
+@pytest.mark.parametrize(
+    "break_it, message",
+    [
+        (lambda d: d.pop("mesh"), r"\$: missing required field 'mesh'"),
+        (lambda d: d.update(schema_version=2), r"\$\.schema_version: expected 1, got 2"),
+        (
+            lambda d: d["params"].update({"proj_out.weight": [None, 3]}),
+            r"\$\.params\['proj_out\.weight'\]\[1\]: 3 matches none",
+        ),
+        (
+            lambda d: d["collectives"].append({"kind": "all-sum", "axes": [], "bytes": 1, "count": 1, "where": ""}),
+            r"'all-sum' is not one of",
+        ),
+        (
+            lambda d: d["activations"][0].update(node="blocks.0.attn1.linear"),
+            r"\$\.activations\[0\]\.node: .* does not match",
+        ),
+        (lambda d: d["report"]["ops"][0].update(segment="middle"), r"segment: 'middle' is not one of"),
+        (lambda d: d.update(extra=1), r"unexpected field 'extra'"),
+    ],
+)
 def test_broken_plans_fail_validation_with_a_path(hand_dir, break_it, message):
     import jsonschema
 
@@ -388,7 +409,9 @@ def test_backend_dump_dir_writes_the_three_dumps(spmd, tmp_path, tiny_model, tin
     from wancompile.report.schema import errors
 
     torch._dynamo.reset()
-    compiled = torch.compile(tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "dump_dir": str(tmp_path)}, fullgraph=True)
+    compiled = torch.compile(
+        tiny_model, backend="wan_autoshard", options={"mesh": "2x4", "dump_dir": str(tmp_path)}, fullgraph=True
+    )
     with torch.no_grad():
         compiled(**tiny_inputs, return_dict=False)
     data = json.loads((tmp_path / "plan.json").read_text())

@@ -30,6 +30,7 @@ def max_abs(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
 
 # --- the API ----------------------------------------------------------------------------------------
 
+
 def test_pass_names_are_the_public_list():
     assert PASS_NAMES == ("qkv", "rmsnorm", "conv1x1", "patch_embed", "rope", "sp_pad")
 
@@ -71,6 +72,7 @@ def test_report_counts_one_site_per_where_entry(dit):
 
 # --- numerics on the captured models ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", sorted(DIT_PASSES))
 def test_dit_pass_keeps_the_output(dit, name):
     gm, inputs = dit
@@ -97,7 +99,13 @@ def test_all_passes_together_keep_the_dit_output(dit45):
     expected = run(gm, inputs)
     _, reports = apply_rewrites(gm, "all", RewriteContext(sp_multiple=4))
     assert {r.name: r.count for r in reports} == {
-        "qkv": 4, "rmsnorm": 0, "conv1x1": 0, "patch_embed": 1, "rope": 4, "sp_pad": 2}
+        "qkv": 4,
+        "rmsnorm": 0,
+        "conv1x1": 0,
+        "patch_embed": 1,
+        "rope": 4,
+        "sp_pad": 2,
+    }
     assert max_abs(run(gm, inputs), expected) <= TOLERANCE
 
 
@@ -109,6 +117,7 @@ def test_all_passes_together_keep_the_vae_output(vae_graphs):
 
 
 # --- a pass without its pattern is a no-op ----------------------------------------------------------
+
 
 @pytest.mark.parametrize("name", VAE_PASSES)
 def test_vae_only_pass_does_nothing_on_the_dit(dit, name):
@@ -127,6 +136,7 @@ def test_dit_only_pass_does_nothing_on_the_vae(vae_graphs, name):
 
 
 # --- what capture reads off the rewritten graph -----------------------------------------------------
+
 
 class _CheckExampleValues(fx.Interpreter):
     """Runs the graph and asserts each tensor a node computes matches its meta["example_value"]."""
@@ -155,7 +165,13 @@ def test_every_node_keeps_a_true_example_value_and_a_module_stack(graph, request
 def test_new_nodes_sit_in_the_module_they_replace(dit):
     gm, _ = dit
     apply_rewrites(gm, ["qkv", "patch_embed"])
-    fused = [n for n in gm.graph.nodes if n.name.startswith(("qkv", "kv", "tokens"))
-             and n.target is torch._C._nn.linear]
+    fused = [
+        n for n in gm.graph.nodes if n.name.startswith(("qkv", "kv", "tokens")) and n.target is torch._C._nn.linear
+    ]
     assert sorted(module_path(n) for n in fused) == [
-        "blocks.0.attn1", "blocks.0.attn2", "blocks.1.attn1", "blocks.1.attn2", "patch_embedding"]
+        "blocks.0.attn1",
+        "blocks.0.attn2",
+        "blocks.1.attn1",
+        "blocks.1.attn2",
+        "patch_embedding",
+    ]

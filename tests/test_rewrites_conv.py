@@ -40,14 +40,17 @@ def test_golden_causal_conv_shortcut():
     model.conv_shortcut = WanCausalConv3d(4, 8, 1)
     gm, report, error = rewrite("conv1x1", lambda x: model.conv_shortcut(x), torch.randn(1, 4, 2, 3, 3))
     assert (report.where, error <= 1e-6) == (("conv_shortcut",), True)
-    assert_expected_inline(normalized_code(gm), """\
+    assert_expected_inline(
+        normalized_code(gm),
+        """\
 def forward(self, L_x_ : torch.Tensor, L_model_modules_conv_shortcut_parameters_weight_ : torch.nn.parameter.Parameter, L_model_modules_conv_shortcut_parameters_bias_ : torch.nn.parameter.Parameter):
     x = torch._C._nn.pad(l_x_, [0, 0, 0, 0, 0, 0], 'constant', None)
     movedim = x.movedim(1, -1)
     flatten = l_model_modules_conv_shortcut_parameters_weight_.flatten(1)
     linear = torch._C._nn.linear(movedim, flatten, l_model_modules_conv_shortcut_parameters_bias_)
     movedim_1 = linear.movedim(-1, 1)
-    return (movedim_1,)""")
+    return (movedim_1,)""",
+    )
 
 
 def test_conv2d_1x1_becomes_a_linear_too():
@@ -68,7 +71,9 @@ def test_golden_patch_embedding():
     torch.manual_seed(0)
     gm, report, error = rewrite("patch_embed", PatchEmbed(), torch.randn(1, 4, 3, 4, 6))
     assert (report.where, error <= 1e-6) == (("patch_embedding",), True)
-    assert_expected_inline(normalized_code(gm), """\
+    assert_expected_inline(
+        normalized_code(gm),
+        """\
 def forward(self, L_self_modules_patch_embedding_parameters_weight_ : torch.nn.parameter.Parameter, L_self_modules_patch_embedding_parameters_bias_ : torch.nn.parameter.Parameter, L_x_ : torch.Tensor):
     unflatten = l_x_.unflatten(4, (-1, 2))
     unflatten_1 = unflatten.unflatten(3, (-1, 2))
@@ -78,7 +83,8 @@ def forward(self, L_self_modules_patch_embedding_parameters_weight_ : torch.nn.p
     patches = flatten_1.flatten(1, 3)
     flatten_2 = l_self_modules_patch_embedding_parameters_weight_.flatten(1)
     tokens = torch._C._nn.linear(patches, flatten_2, l_self_modules_patch_embedding_parameters_bias_)
-    return (tokens,)""")
+    return (tokens,)""",
+    )
 
 
 def test_patch_embedding_with_a_temporal_patch():
@@ -90,7 +96,9 @@ def test_patch_embedding_with_a_temporal_patch():
 def test_an_input_that_is_not_a_multiple_of_the_patch_is_left_alone():
     gm, report, _ = rewrite("patch_embed", PatchEmbed(), torch.randn(1, 4, 3, 5, 6))
     assert report.count == 0
-    assert report.skipped == ("patch_embedding: input extent (3, 5, 6) is not a static multiple of the kernel (1, 2, 2)",)
+    assert report.skipped == (
+        "patch_embedding: input extent (3, 5, 6) is not a static multiple of the kernel (1, 2, 2)",
+    )
     assert any(n.target is torch.conv3d for n in gm.graph.nodes)
 
 

@@ -35,8 +35,10 @@ class Projections(nn.Module):
         self.to_v = nn.Linear(8, HEADS * HEAD_DIM)
 
     def forward(self, xq, xk, xv):
-        q, k, v = (p(x).unflatten(2, (HEADS, -1)).transpose(1, 2)
-                   for p, x in ((self.to_q, xq), (self.to_k, xk), (self.to_v, xv)))
+        q, k, v = (
+            p(x).unflatten(2, (HEADS, -1)).transpose(1, 2)
+            for p, x in ((self.to_q, xq), (self.to_k, xk), (self.to_v, xv))
+        )
         return torch.nn.functional.scaled_dot_product_attention(q, k, v)
 
 
@@ -66,7 +68,9 @@ def test_golden_wan_self_attention():
     assert report.where == ("attn1",)
     with torch.no_grad():
         assert (gm(*inputs)[0] - expected).abs().max().item() <= 1e-6
-    assert_expected_inline(normalized_code(gm), """\
+    assert_expected_inline(
+        normalized_code(gm),
+        """\
 def forward(self, L_block_modules_attn1_modules_to_q_parameters_weight_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_to_q_parameters_bias_ : torch.nn.parameter.Parameter, L_x_ : torch.Tensor, L_block_modules_attn1_modules_to_k_parameters_weight_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_to_k_parameters_bias_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_to_v_parameters_weight_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_to_v_parameters_bias_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_norm_q_parameters_weight_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_norm_k_parameters_weight_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_to_out_modules_0_parameters_weight_ : torch.nn.parameter.Parameter, L_block_modules_attn1_modules_to_out_modules_0_parameters_bias_ : torch.nn.parameter.Parameter):
     unflatten_3 = l_block_modules_attn1_modules_to_q_parameters_weight_.unflatten(0, (2, 4))
     unflatten_4 = l_block_modules_attn1_modules_to_k_parameters_weight_.unflatten(0, (2, 4))
@@ -101,7 +105,8 @@ def forward(self, L_block_modules_attn1_modules_to_q_parameters_weight_ : torch.
     hidden_states_1 = hidden_states.type_as(query_2)
     hidden_states_2 = torch._C._nn.linear(hidden_states_1, l_block_modules_attn1_modules_to_out_modules_0_parameters_weight_, l_block_modules_attn1_modules_to_out_modules_0_parameters_bias_)
     hidden_states_3 = torch.nn.functional.dropout(hidden_states_2, 0.0, False, False)
-    return (hidden_states_3,)""")
+    return (hidden_states_3,)""",
+    )
 
 
 def test_packed_weight_is_head_interleaved_so_any_tp_split_of_dim_0_gives_whole_qkv_heads():
@@ -112,8 +117,10 @@ def test_packed_weight_is_head_interleaved_so_any_tp_split_of_dim_0_gives_whole_
         interpreter.run(*inputs)
     packed = next(v for n, v in interpreter.env.items() if n.name == "packed_weight")
     placeholders = [n.target for n in gm.graph.nodes if n.op == "placeholder"]
-    wq, wk, wv = (next(v for p, v in zip(placeholders, inputs) if f"{role}_parameters_weight" in p)
-                  for role in ("to_q", "to_k", "to_v"))
+    wq, wk, wv = (
+        next(v for p, v in zip(placeholders, inputs) if f"{role}_parameters_weight" in p)
+        for role in ("to_q", "to_k", "to_v")
+    )
     for tp in (1, 2, 4):  # every TP degree that divides the 4 heads
         for device, shard in enumerate(packed.chunk(tp, dim=0)):
             heads = slice(device * HEADS // tp * HEAD_DIM, (device + 1) * HEADS // tp * HEAD_DIM)

@@ -35,13 +35,16 @@ def rewritten(model, x):
 def test_golden_channel_first_wan_rms_norm():
     gm, _, report = rewritten(wan_rms_norm(), torch.randn(1, 4, 2, 3, 3))
     assert report.where == ("norm",)
-    assert_expected_inline(normalized_code(gm), """\
+    assert_expected_inline(
+        normalized_code(gm),
+        """\
 def forward(self, L_t_ : torch.Tensor, L_model_modules_norm_parameters_gamma_ : torch.nn.parameter.Parameter):
     movedim = l_t_.movedim(1, -1)
     reshape = l_model_modules_norm_parameters_gamma_.reshape((4,))
     rms_norm = torch.nn.functional.rms_norm(movedim, (4,), reshape, 2.5e-25)
     movedim_1 = rms_norm.movedim(-1, 1)
-    return (movedim_1,)""")
+    return (movedim_1,)""",
+    )
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"bias": True}, {"channel_first": False}])
@@ -57,15 +60,15 @@ def test_rms_norm_matches_the_chain_within_1e_6(kwargs):
 def test_eps_mapping_keeps_zero_and_tiny_channel_vectors_finite_and_bounded():
     model = wan_rms_norm(16)
     x = torch.randn(1, 16, 1, 4, 4)
-    x[..., 0, 0] = 0.0           # a zero vector: 0 in both forms, no 0/0
-    x[..., 1, 1] *= 1e-14        # norm below normalize's eps = 1e-12: the eps regimes differ
-    x[..., 2, 2] *= 1e-6         # norm well above eps: rounding only
+    x[..., 0, 0] = 0.0  # a zero vector: 0 in both forms, no 0/0
+    x[..., 1, 1] *= 1e-14  # norm below normalize's eps = 1e-12: the eps regimes differ
+    x[..., 2, 2] *= 1e-6  # norm well above eps: rounding only
     gm, inputs, _ = rewritten(model, x)
     with torch.no_grad():
         new, old = gm(*inputs)[0], model.norm(x)
     assert torch.isfinite(new).all() and torch.equal(new[..., 0, 0], old[..., 0, 0])
     tiny = old[..., 1, 1].abs()  # documented bound there: |Δ| ≤ |y| · (1 - 1/√2)
-    assert ((new[..., 1, 1] - old[..., 1, 1]).abs() <= tiny * (1 - 2 ** -0.5) + 1e-7).all()
+    assert ((new[..., 1, 1] - old[..., 1, 1]).abs() <= tiny * (1 - 2**-0.5) + 1e-7).all()
     assert (new - old)[..., 2:, 2:].abs().max().item() <= 1e-6
 
 

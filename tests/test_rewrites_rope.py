@@ -38,7 +38,9 @@ def rewritten(fn, *args):
 def test_golden_wan_rotary_embedding():
     gm, _, report = rewritten(apply_rotary_emb, *rope_inputs())
     assert report.count == 1
-    assert_expected_inline(normalized_code(gm), """\
+    assert_expected_inline(
+        normalized_code(gm),
+        """\
 def forward(self, L_hidden_states_ : torch.Tensor, L_freqs_cos_ : torch.Tensor, L_freqs_sin_ : torch.Tensor):
     unflatten = l_hidden_states_.unflatten(-1, (-1, 2))
     unbind = unflatten.unbind(-1)
@@ -56,7 +58,8 @@ def forward(self, L_hidden_states_ : torch.Tensor, L_freqs_cos_ : torch.Tensor, 
     rotated = stack.flatten(-2)
     to = rotated.to(torch.float32)
     type_as = to.type_as(l_hidden_states_)
-    return (type_as,)""")
+    return (type_as,)""",
+    )
 
 
 def test_rewrite_is_bit_exact_with_float64_and_float32_tables():

@@ -36,11 +36,17 @@ def test_sp_padding_runs_45_tokens_on_sp2_without_per_block_kv_slices(hardware, 
     model = build_transformer("tiny", out_channels=2)  # proj_out emits 8 features, unlike K/V's 16 per head
     inputs = dict(transformer_inputs("tiny", "tiny", 9), hidden_states=torch.randn(1, 4, 5, 6, 6))  # 5x3x3 = 45
     # tokens pad to a multiple of SP degree (2) x the hardware's tile
-    result, program = compile_and_check(model, inputs, mesh="2x4", plan="tt-xla", hardware=hardware, rewrites=["sp_pad"])
+    result, program = compile_and_check(
+        model, inputs, mesh="2x4", plan="tt-xla", hardware=hardware, rewrites=["sp_pad"]
+    )
     assert result.pcc >= 0.99999 and result.max_abs <= 1e-4, result
     with torch.no_grad():
-        assert numerics(program(*placeholder_args(program.graph, model, inputs))[0],
-                        model(**inputs, return_dict=False)[0]).max_abs <= 5e-6
+        assert (
+            numerics(
+                program(*placeholder_args(program.graph, model, inputs))[0], model(**inputs, return_dict=False)[0]
+            ).max_abs
+            <= 5e-6
+        )
     assert {r.name: r.count for r in program.plan.rewrites} == {"sp_pad": 2}
     hlo = program.hlo_path.read_text()
     to_45 = [line for line in hlo.splitlines() if " slice(" in line and ",45," in line.split("slice(")[0]]
@@ -67,8 +73,9 @@ def test_auto_plan_after_rope_patch_embed_and_sp_pad_compiles_to_its_prediction(
 
     model = build_transformer("tiny")
     inputs = dict(transformer_inputs("tiny", "tiny", 9), hidden_states=torch.randn(1, 4, 5, 6, 6))  # 45 tokens
-    result, program = compile_and_check(model, inputs, mesh="2x4", memory_gb=0.00025,
-                                        rewrites=["rope", "patch_embed", "sp_pad"])
+    result, program = compile_and_check(
+        model, inputs, mesh="2x4", memory_gb=0.00025, rewrites=["rope", "patch_embed", "sp_pad"]
+    )
     assert result.pcc >= 0.99999, result
     assert any("SP(" in d.strategy for d in program.plan.decisions)  # a sharded plan, not replication
     matches = compare_collectives(program.plan.collectives, program.collectives())

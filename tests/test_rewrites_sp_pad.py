@@ -67,7 +67,9 @@ def test_golden_block_stack():
     _, (report,) = apply_rewrites(gm, ["sp_pad"], RewriteContext(sp_multiple=4))
     assert report.where == ("blocks.0.attn1",)
     assert (run(gm, inputs) - expected).abs().max().item() <= 1e-6
-    assert_expected_inline(normalized_code(gm), """\
+    assert_expected_inline(
+        normalized_code(gm),
+        """\
 def forward(self, L_x_ : torch.Tensor, L_context_ : torch.Tensor, L_self_modules_proj_out_parameters_weight_ : torch.nn.parameter.Parameter):
     l_x__padded = torch.nn.functional.pad(l_x_, [0, 0, 0, 3])
     token_positions = torch.arange(8, device = device(type='cpu'))
@@ -92,7 +94,8 @@ def forward(self, L_x_ : torch.Tensor, L_context_ : torch.Tensor, L_self_modules
     linear = torch._C._nn.linear(x_1, l_self_modules_proj_out_parameters_weight_, None)
     linear_unpadded = linear[(slice(None, None, None), slice(None, 5, None))]
     reshape = linear_unpadded.reshape(1, 1, 5, 4)
-    return (reshape,)""")
+    return (reshape,)""",
+    )
 
 
 @pytest.mark.parametrize("multiple", [2, 4])

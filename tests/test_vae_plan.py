@@ -66,7 +66,10 @@ def test_spatial_plan_has_halos_and_no_resblock_all_reduce(graph_8x8):
     convs = {c.where for c in halos}
     assert all(c.count == 2 for c in halos)  # one per direction per split dim
     assert len(convs) == 25  # every 3x3 conv: conv_in, 2 x 10 resblocks, 3 upsampler conv2ds, conv_out
-    assert plan.predicted.memory_bytes_per_device < plan_vae(graph_8x8, parse_mesh("2x4"), "wh-loudbox", preset="replicated").predicted.memory_bytes_per_device
+    assert (
+        plan.predicted.memory_bytes_per_device
+        < plan_vae(graph_8x8, parse_mesh("2x4"), "wh-loudbox", preset="replicated").predicted.memory_bytes_per_device
+    )
 
 
 def test_memory_budget_forces_activations_apart(graph_8x8):

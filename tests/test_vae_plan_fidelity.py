@@ -60,18 +60,24 @@ def test_spatial_vae_plan_compiles_to_its_predicted_collectives(mesh):
 
 def _check(row: dict) -> None:
     table = "\n".join(row["table"])
-    print(f"{row['mesh']} {row['case']}: PCC {row['pcc']:.9f}, max-abs {row['max_abs']:.3g}\n{table}\n{json.dumps(row['strategies'], indent=1)}")
+    print(
+        f"{row['mesh']} {row['case']}: PCC {row['pcc']:.9f}, max-abs {row['max_abs']:.3g}\n{table}\n{json.dumps(row['strategies'], indent=1)}"
+    )
     assert row["pcc"] >= 0.99999, (row["pcc"], row["max_abs"])
     # the plan is spatial: every residual block is split on H/W
     assert all(s.startswith("spatial") for k, s in row["strategies"].items() if ".resnets." in k), row["strategies"]
     for m in row["matches"]:
         assert m["predicted_count"] == m["observed_count"], table
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(m["predicted_bytes"], m["observed_bytes"]), table
+        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
+            m["predicted_bytes"], m["observed_bytes"]
+        ), table
     kinds = {m["kind"] for m in row["matches"] if m["observed_count"]}
     assert "collective-permute" in kinds, table
     resblock = next(s for k, s in row["strategies"].items() if ".resnets." in k)
     split_dims = sum(1 for part in re.findall(r"[HW]:([^,)]*)", resblock) if part != "-")
-    assert row["permutes"] >= 2 * split_dims * row["spatial_resblock_convs"], table  # 2 sides per split dim per 3x3 conv
+    assert row["permutes"] >= 2 * split_dims * row["spatial_resblock_convs"], (
+        table
+    )  # 2 sides per split dim per 3x3 conv
     assert not [c for c in row["collective_ops"] if c["kind"] == "all-reduce"], row["collective_ops"]  # none at all
 
 
@@ -87,12 +93,18 @@ def test_channel_megatron_vae_plan_compiles_to_its_predicted_collectives(mesh):
     print(f"{row['mesh']} {row['case']}: PCC {row['pcc']:.12f}, max-abs {row['max_abs']:.3g}\n{table}")
     assert row["pcc"] >= 0.99999, (row["pcc"], row["max_abs"])
     blocks = [k for k, s in row["strategies"].items() if ".resnets." in k]
-    assert blocks and all(re.fullmatch(r"channel\(batch\+model\)", row["strategies"][k]) for k in blocks), row["strategies"]
+    assert blocks and all(re.fullmatch(r"channel\(batch\+model\)", row["strategies"][k]) for k in blocks), row[
+        "strategies"
+    ]
     assert all(s == "replicated" for k, s in row["strategies"].items() if k not in blocks), row["strategies"]
     for m in row["matches"]:
         assert m["predicted_count"] == m["observed_count"], table
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(m["predicted_bytes"], m["observed_bytes"]), table
-    assert {(m["kind"], tuple(m["axes"])) for m in row["matches"] if m["observed_count"]} == {("all-reduce", ("batch", "model"))}, table
+        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
+            m["predicted_bytes"], m["observed_bytes"]
+        ), table
+    assert {(m["kind"], tuple(m["axes"])) for m in row["matches"] if m["observed_count"]} == {
+        ("all-reduce", ("batch", "model"))
+    }, table
     # by the aten op each all-reduce came from (XLA_HLO_DEBUG metadata), in program order: per block
     # the norm2 statistics sum (channels collapsed) then conv2's output (all channels)
     ars = [c for c in row["collective_ops"] if c["kind"] == "all-reduce"]
@@ -149,7 +161,9 @@ def _compile_and_check(vae, z, mesh: str, case: str, plan_path: Path) -> None:
     from wancompile.verify import compare_collectives, numerics
 
     torch._dynamo.reset()
-    decode = torch.compile(vae.decode, backend="wan_autoshard", options={"mesh": mesh, "plan": str(plan_path)}, fullgraph=True)
+    decode = torch.compile(
+        vae.decode, backend="wan_autoshard", options={"mesh": mesh, "plan": str(plan_path)}, fullgraph=True
+    )
     with torch.no_grad():
         out = decode(z).sample
         program = last_program()
@@ -169,21 +183,49 @@ def _compile_and_check(vae, z, mesh: str, case: str, plan_path: Path) -> None:
         if kind is not None and kind != "collective-permute":
             shape = re.search(r"=\s*\w+\[([\d,]*)\]", line)
             op_type = re.search(r'op_type="([^"]*)"', line)
-            collective_ops.append({"kind": kind, "op_type": op_type.group(1) if op_type else "", "line": line.strip()[:160],
-                                   "shape": [int(x) for x in shape.group(1).split(",") if x] if shape else None})
-    conv2_shapes = [list(n.out.shape) for n in program.graph if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith("conv2")]
-    spatial_convs = sum(1 for n in program.graph if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith(("conv1", "conv2")))
+            collective_ops.append(
+                {
+                    "kind": kind,
+                    "op_type": op_type.group(1) if op_type else "",
+                    "line": line.strip()[:160],
+                    "shape": [int(x) for x in shape.group(1).split(",") if x] if shape else None,
+                }
+            )
+    conv2_shapes = [
+        list(n.out.shape)
+        for n in program.graph
+        if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith("conv2")
+    ]
+    spatial_convs = sum(
+        1
+        for n in program.graph
+        if n.op == "conv3d" and ".resnets." in n.module and n.module.endswith(("conv1", "conv2"))
+    )
     row = {
-        "mesh": mesh, "case": case, "pcc": result.pcc, "max_abs": result.max_abs,
+        "mesh": mesh,
+        "case": case,
+        "pcc": result.pcc,
+        "max_abs": result.max_abs,
         "strategies": {d.node: d.strategy for d in program.plan.decisions},
-        "matches": [{"kind": m.kind, "axes": list(m.axes), "predicted_count": m.predicted_count, "observed_count": m.observed_count,
-                     "predicted_bytes": m.predicted_bytes, "observed_bytes": m.observed_bytes} for m in matches],
+        "matches": [
+            {
+                "kind": m.kind,
+                "axes": list(m.axes),
+                "predicted_count": m.predicted_count,
+                "observed_count": m.observed_count,
+                "predicted_bytes": m.predicted_bytes,
+                "observed_bytes": m.observed_bytes,
+            }
+            for m in matches
+        ],
         "table": [str(m) for m in matches],
         "permutes": permutes,
         "spatial_resblock_convs": spatial_convs,
         "collective_ops": collective_ops,
         "conv2_shapes": conv2_shapes,
-        "channel_resblocks": sum(1 for d in program.plan.decisions if d.strategy.startswith("channel") for _ in range(_count(d.node))),
+        "channel_resblocks": sum(
+            1 for d in program.plan.decisions if d.strategy.startswith("channel") for _ in range(_count(d.node))
+        ),
         "predicted": program.plan.predicted.to_json(),
         "hlo": str(program.hlo_path),
     }

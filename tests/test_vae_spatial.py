@@ -27,8 +27,9 @@ def test_spatially_sharded_full_t_decode_matches_and_exchanges_halos(tmp_path, n
 
     result_path = tmp_path / "result.json"
     env = subprocess_env(MESH_SHAPE[0] * MESH_SHAPE[1], tmp_path / "hlo")
-    subprocess.run([sys.executable, __file__, name, str(tmp_path / "hlo"), str(result_path)], env=env, check=True,
-                   timeout=600)
+    subprocess.run(
+        [sys.executable, __file__, name, str(tmp_path / "hlo"), str(result_path)], env=env, check=True, timeout=600
+    )
     result = json.loads(result_path.read_text())
     print(json.dumps(result, indent=1))
 
@@ -87,18 +88,27 @@ def _child(name: str, dump_dir: Path, result_path: Path) -> None:
     for c in collectives:
         counts[c.kind] = counts.get(c.kind, 0) + 1
     mid = vae.decoder.mid_block.resnets[0].out_dim
-    result_path.write_text(json.dumps({
-        "pcc": float(np.corrcoef(expected.flatten().numpy(), out.flatten().numpy())[0, 1]),
-        "max_abs": float((out - expected).abs().max()),
-        "sharded_programs": len(programs),
-        "spatial_convs": sum(conv.kernel_size[-1] > 1 for conv in convs),
-        "collectives": counts,
-        "by_axes": {f"{c.kind} {','.join(c.axes)}": sum(1 for d in collectives if (d.kind, d.axes) == (c.kind, c.axes))
-                    for c in collectives},
-        "non_halo": [{"kind": c.kind, "axes": c.axes, "shape": c.shape, "bytes": c.bytes}
-                     for c in collectives if c.kind != "collective-permute"],
-        "mid_block_qkv_bytes": 3 * mid * FRAMES * LATENT_HW[0] * LATENT_HW[1] * 4,
-    }))
+    result_path.write_text(
+        json.dumps(
+            {
+                "pcc": float(np.corrcoef(expected.flatten().numpy(), out.flatten().numpy())[0, 1]),
+                "max_abs": float((out - expected).abs().max()),
+                "sharded_programs": len(programs),
+                "spatial_convs": sum(conv.kernel_size[-1] > 1 for conv in convs),
+                "collectives": counts,
+                "by_axes": {
+                    f"{c.kind} {','.join(c.axes)}": sum(1 for d in collectives if (d.kind, d.axes) == (c.kind, c.axes))
+                    for c in collectives
+                },
+                "non_halo": [
+                    {"kind": c.kind, "axes": c.axes, "shape": c.shape, "bytes": c.bytes}
+                    for c in collectives
+                    if c.kind != "collective-permute"
+                ],
+                "mid_block_qkv_bytes": 3 * mid * FRAMES * LATENT_HW[0] * LATENT_HW[1] * 4,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """wancompile: a torch.compile backend that auto-shards Wan 2.2 over XLA device meshes.
 
-    transformer = torch.compile(pipe.transformer, backend="wan_autoshard", options={"mesh": "8x4"})
+transformer = torch.compile(pipe.transformer, backend="wan_autoshard", options={"mesh": "8x4"})
 """
 
 __version__ = "0.1.0"
@@ -12,9 +12,13 @@ from wancompile import runtime as _runtime
 if not _runtime.enable_spmd_early():
     import warnings
 
-    warnings.warn("wancompile was imported after torch_xla's runtime started without SPMD; wan_autoshard "
-                  "compiles in this process will be refused (see wancompile/runtime.py). Import wancompile "
-                  "before the first XLA use.", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        "wancompile was imported after torch_xla's runtime started without SPMD; wan_autoshard "
+        "compiles in this process will be refused (see wancompile/runtime.py). Import wancompile "
+        "before the first XLA use.",
+        RuntimeWarning,
+        stacklevel=2,
+    )
 
 from wancompile.vae import disable_full_t, enable_full_t
 

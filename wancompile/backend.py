@@ -42,12 +42,18 @@ def last_program():
     return _RECENT[-1]
 
 
-def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any) -> Callable:
+def wan_autoshard(
+    gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any
+) -> Callable:
     opts = Options.from_user(options)
     _start_runtime(opts)
     from wancompile.lowering import ShardedProgram, mesh_for_plan, mesh_spec_of, xla_mesh
 
-    mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model")))
+    mesh_obj = (
+        opts.xla_mesh
+        if opts.xla_mesh is not None
+        else xla_mesh(opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model")))
+    )
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
     model = _model_name(gm)
     gm, records = _rewrite(gm, mesh, opts)
@@ -80,8 +86,10 @@ def wan_autoshard(gm: fx.GraphModule, example_inputs: list, *, options: Optional
 
     def replan(values: dict[str, int]):
         if opts.plan is not None:
-            raise PlanError(f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
-                            "break; plan without the `plan` option (or save one per resolution)")
+            raise PlanError(
+                f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
+                "break; plan without the `plan` option (or save one per resolution)"
+            )
         return lower(solve(graph, mesh, opts, values))
 
     return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
@@ -129,7 +137,11 @@ def _start_runtime(opts: Options) -> None:
 def _model_name(gm: fx.GraphModule) -> str:
     if any("decoder_modules_conv_in" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder"):
         return "wan-vae"
-    return "wan-dit" if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder") else "graph"
+    return (
+        "wan-dit"
+        if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
+        else "graph"
+    )
 
 
 def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
@@ -145,12 +157,18 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
                 f"pass mesh={str(plan.user_mesh)!r} or re-plan for {mesh}"
             )
         if plan.user_mesh.axis_names != mesh.axis_names:
-            raise PlanError(f"plan {opts.plan} names mesh axes {plan.user_mesh.axis_names}, "
-                            f"this mesh has {mesh.axis_names}")
+            raise PlanError(
+                f"plan {opts.plan} names mesh axes {plan.user_mesh.axis_names}, this mesh has {mesh.axis_names}"
+            )
         if plan.weight_sets is not None and plan.weight_sets < opts.weight_sets:
-            log.warning("wan_autoshard: plan %s was budgeted for %d resident weight set(s) but weight_sets=%d; it may not "
-                        "fit device memory. Re-plan with weight_sets=%d (drop the `plan` option).",
-                        opts.plan, plan.weight_sets, opts.weight_sets, opts.weight_sets)
+            log.warning(
+                "wan_autoshard: plan %s was budgeted for %d resident weight set(s) but weight_sets=%d; it may not "
+                "fit device memory. Re-plan with weight_sets=%d (drop the `plan` option).",
+                opts.plan,
+                plan.weight_sets,
+                opts.weight_sets,
+                opts.weight_sets,
+            )
         return plan
     return solve(graph, mesh, opts, values)
 
@@ -175,12 +193,22 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
     if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
         if opts.cfg_parallel == "on":
             log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
-        return plan_vae(graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model)
+        return plan_vae(
+            graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model
+        )
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)
         # A batch-2 graph (the CFG pair as one forward) gets the costed CFG-parallel choice (planner.cfg).
-        return plan_dit(graph, mesh, hardware, cfg_parallel=opts.cfg_parallel, memory_gb=opts.memory_gb,
-                        model=graph.model, values=values or None, weight_copies=opts.weight_sets)
+        return plan_dit(
+            graph,
+            mesh,
+            hardware,
+            cfg_parallel=opts.cfg_parallel,
+            memory_gb=opts.memory_gb,
+            model=graph.model,
+            values=values or None,
+            weight_copies=opts.weight_sets,
+        )
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
 
@@ -189,8 +217,12 @@ def _dump(dump_dir, graph: Graph, plan: Plan) -> None:
     from wancompile.report import write_dumps
 
     # plan.json (+ per-op trace), plan.md, plan.html, graph.json, summary.txt: one set, written atomically
-    write_dumps(plan, dump_dir, graph=graph,
-                extra={"graph.json": graph.to_json(), "summary.txt": graph.summary() + "\n" + plan.summary() + "\n"})
+    write_dumps(
+        plan,
+        dump_dir,
+        graph=graph,
+        extra={"graph.json": graph.to_json(), "summary.txt": graph.summary() + "\n" + plan.summary() + "\n"},
+    )
 
 
 def _symbol_positions(gm: fx.GraphModule) -> dict[str, int]:
@@ -208,11 +240,14 @@ class _GuardedProgram:
     (e.g. tokens divisible by the SP degree); sizes that break them get a plan of their own
     (re-planned once per distinct size, then cached), instead of silently uneven shards."""
 
-    def __init__(self, program, plan: Plan, symbols: dict[str, int], replan: Callable, planned_for: dict[str, int]) -> None:
+    def __init__(
+        self, program, plan: Plan, symbols: dict[str, int], replan: Callable, planned_for: dict[str, int]
+    ) -> None:
         # The contract is what the plan assumed and its own sizes satisfy; a guard already broken at
         # those sizes (e.g. 32-token tiles at 48 tokens) is a padding hint, not an assumption.
-        self.plan = plan.with_(guards=tuple(dict.fromkeys(
-            g for g in plan.guards if not planned_for or g.holds(planned_for))))
+        self.plan = plan.with_(
+            guards=tuple(dict.fromkeys(g for g in plan.guards if not planned_for or g.holds(planned_for)))
+        )
         self.symbols, self.replan = symbols, replan
         self.programs: dict[tuple, Any] = {}
         self.base = program
@@ -250,7 +285,8 @@ class _Verifying:
             if not all(torch.isfinite(t.detach().cpu()).all() for t in _tensors(ref)):
                 raise VerificationError(
                     "wan_autoshard verify: the unsharded program itself gives NaN/Inf on these (finite) inputs, so the "
-                    "plan cannot be checked; look at the model or its inputs' range, not the plan")
+                    "plan cannot be checked; look at the model or its inputs' range, not the plan"
+                )
             self.program.verification = result
             dtype = next((t.dtype for t in _tensors(out)), torch.float32)
             if not result.pcc >= tolerance(dtype):

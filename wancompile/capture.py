@@ -110,9 +110,20 @@ def _jsonable(a: Any) -> Any:
     return repr(a)
 
 
-_OP_ALIASES = {operator.getitem: "getitem", operator.setitem: "setitem", operator.add: "add", operator.sub: "sub",
-               operator.mul: "mul", operator.truediv: "truediv", operator.floordiv: "floordiv", operator.neg: "neg",
-               operator.pow: "pow", operator.iadd: "add", operator.imul: "mul", operator.matmul: "matmul"}
+_OP_ALIASES = {
+    operator.getitem: "getitem",
+    operator.setitem: "setitem",
+    operator.add: "add",
+    operator.sub: "sub",
+    operator.mul: "mul",
+    operator.truediv: "truediv",
+    operator.floordiv: "floordiv",
+    operator.neg: "neg",
+    operator.pow: "pow",
+    operator.iadd: "add",
+    operator.imul: "mul",
+    operator.matmul: "matmul",
+}
 
 
 def op_kind(node: fx.Node) -> str:
@@ -127,7 +138,9 @@ def op_kind(node: fx.Node) -> str:
     if target in _OP_ALIASES:
         return _OP_ALIASES[target]
     if isinstance(target, torch._ops.OpOverload):
-        return target._schema.name.split("::")[-1] + ("" if target._overloadname == "default" else f".{target._overloadname}")
+        return target._schema.name.split("::")[-1] + (
+            "" if target._overloadname == "default" else f".{target._overloadname}"
+        )
     return getattr(target, "__name__", str(target))
 
 
@@ -242,8 +255,10 @@ def _check_params(graph: Graph, module: torch.nn.Module) -> None:
     known = {n for n, _ in module.named_parameters()} | {n for n, _ in module.named_buffers()}
     unknown = [n.param for n in graph.params() if n.param not in known]
     if unknown:
-        raise CaptureError(f"capture produced parameter names the module does not have: {unknown[:3]}; "
-                           "dynamo's placeholder naming changed — update wancompile.capture.param_fqn")
+        raise CaptureError(
+            f"capture produced parameter names the module does not have: {unknown[:3]}; "
+            "dynamo's placeholder naming changed — update wancompile.capture.param_fqn"
+        )
 
 
 def unannotated(graph: Graph) -> list[str]:

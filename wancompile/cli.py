@@ -50,6 +50,7 @@ def _positive_int(what: str):
         if value < 1:
             raise argparse.ArgumentTypeError(f"{what} must be at least 1, got {value}")
         return value
+
     return parse
 
 
@@ -62,43 +63,80 @@ def _number(what: str, *, positive: bool):
         if not math.isfinite(value) or (value <= 0 if positive else value < 0):
             raise argparse.ArgumentTypeError(f"{what} must be {'positive' if positive else 'zero or more'}, got {text}")
         return value
+
     return parse
 
 
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr")
+    common.add_argument(
+        "-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr"
+    )
     p = _Parser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools", parents=[common])
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    plan = sub.add_parser("plan", parents=[common], help="plan a model's sharding on the meta device; write plan.json, plan.md, plan.html")
+    plan = sub.add_parser(
+        "plan", parents=[common], help="plan a model's sharding on the meta device; write plan.json, plan.md, plan.html"
+    )
     plan.add_argument("--model", required=True, help="wan2.2-t2v-a14b | wan2.2-i2v-a14b | wan2.2-ti2v-5b | tiny")
     plan.add_argument("--component", default="transformer", choices=["transformer"])
     plan.add_argument("--mesh", required=True, help="mesh shape, e.g. 8x4 (axes batch, model)")
-    plan.add_argument("--hardware", default=None,
-                      help="hardware profile (planner.hardware.PROFILES); default: the system with this mesh shape")
+    plan.add_argument(
+        "--hardware",
+        default=None,
+        help="hardware profile (planner.hardware.PROFILES); default: the system with this mesh shape",
+    )
     plan.add_argument("--resolution", default="720p")
     plan.add_argument("--frames", type=_positive_int("--frames"), default=81, help="video frames, 4k+1 (81)")
     plan.add_argument("--out", required=True, help="directory for plan.json, plan.md, plan.html")
-    plan.add_argument("--memory-gb", type=_number("--memory-gb", positive=True), default=None, help="per-device budget (default: the profile's DRAM)")
-    plan.add_argument("--experts", type=_positive_int("--experts"), default=None, help="weight sets resident per device (default 2 for A14B, else 1)")
+    plan.add_argument(
+        "--memory-gb",
+        type=_number("--memory-gb", positive=True),
+        default=None,
+        help="per-device budget (default: the profile's DRAM)",
+    )
+    plan.add_argument(
+        "--experts",
+        type=_positive_int("--experts"),
+        default=None,
+        help="weight sets resident per device (default 2 for A14B, else 1)",
+    )
     plan.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    plan.add_argument("--capture-blocks", type=_positive_int("--capture-blocks"), default=2,
-                      help="blocks captured on meta (decisions are shared by all blocks)")
-    plan.add_argument("--time-limit", type=_number("--time-limit", positive=False), default=5.0, help="solver time limit, seconds")
-    plan.add_argument("--batch", type=_positive_int("--batch"), default=1,
-                      help="batch of the planned forward; 2 = a denoising step's CFG pair as one forward "
-                           "(cond + uncond)")
-    plan.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto",
-                      help="batch-2 graphs: split the batch over half the mesh each (on), never (off), or as the cost "
-                           "model decides (auto, default); every option is priced and written to the plan")
-    plan.add_argument("--hand", choices=["tt-xla"], default=None,
-                      help="write the tt-xla hand plan (seed 000) instead of solving, priced by the same cost model")
+    plan.add_argument(
+        "--capture-blocks",
+        type=_positive_int("--capture-blocks"),
+        default=2,
+        help="blocks captured on meta (decisions are shared by all blocks)",
+    )
+    plan.add_argument(
+        "--time-limit", type=_number("--time-limit", positive=False), default=5.0, help="solver time limit, seconds"
+    )
+    plan.add_argument(
+        "--batch",
+        type=_positive_int("--batch"),
+        default=1,
+        help="batch of the planned forward; 2 = a denoising step's CFG pair as one forward (cond + uncond)",
+    )
+    plan.add_argument(
+        "--cfg-parallel",
+        choices=["auto", "on", "off"],
+        default="auto",
+        help="batch-2 graphs: split the batch over half the mesh each (on), never (off), or as the cost "
+        "model decides (auto, default); every option is priced and written to the plan",
+    )
+    plan.add_argument(
+        "--hand",
+        choices=["tt-xla"],
+        default=None,
+        help="write the tt-xla hand plan (seed 000) instead of solving, priced by the same cost model",
+    )
 
     ex = sub.add_parser("explain", parents=[common], help="explain one decision, parameter, module or op of a plan")
     ex.add_argument("plan", help="plan.json or its directory")
     ex.add_argument("what", help="e.g. attn1, blocks.3.ffn, blocks.0.attn1.to_q.weight, proj_out:linear#0")
 
-    df = sub.add_parser("diff", parents=[common], help="compare two plans: decisions, parallelism, collectives, cost deltas")
+    df = sub.add_parser(
+        "diff", parents=[common], help="compare two plans: decisions, parallelism, collectives, cost deltas"
+    )
     df.add_argument("plan_a")
     df.add_argument("plan_b")
 
@@ -111,7 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("plan")
     rp.add_argument("--out", default=None, help="directory (default: the plan's)")
 
-    va = sub.add_parser("validate", parents=[common], help="check plan.json files against wancompile/schema/plan.schema.json")
+    va = sub.add_parser(
+        "validate", parents=[common], help="check plan.json files against wancompile/schema/plan.schema.json"
+    )
     va.add_argument("plans", nargs="+")
     return p
 
@@ -141,11 +181,16 @@ def _check_plan_args(args: argparse.Namespace):
         raise UsageError(f"--hardware: {e}") from None
     native = "x".join(map(str, hw.mesh_shape))
     if mesh.size > math.prod(hw.mesh_shape):
-        raise UsageError(f"--mesh {mesh} has {mesh.size} devices but {hw.name} has {math.prod(hw.mesh_shape)} ({native}); "
-                         f"choose a profile for a system that large or a mesh of at most {math.prod(hw.mesh_shape)} devices")
+        raise UsageError(
+            f"--mesh {mesh} has {mesh.size} devices but {hw.name} has {math.prod(hw.mesh_shape)} ({native}); "
+            f"choose a profile for a system that large or a mesh of at most {math.prod(hw.mesh_shape)} devices"
+        )
     if tuple(mesh.shape) != tuple(hw.mesh_shape):
-        print(f"wancompile plan: warning: {hw.name}'s native mesh is {native}; mesh {mesh} is priced as part of it "
-              f"(its links per axis). Pass --hardware for a {mesh} system if there is one", file=sys.stderr)
+        print(
+            f"wancompile plan: warning: {hw.name}'s native mesh is {native}; mesh {mesh} is priced as part of it "
+            f"(its links per axis). Pass --hardware for a {mesh} system if there is one",
+            file=sys.stderr,
+        )
     _check_out_dir(Path(args.out), "--out")
     return spec, mesh
 
@@ -176,8 +221,9 @@ def plan_command(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype)
         num_layers = spec.transformer["num_layers"]
         module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
-        inputs = transformer_inputs(args.model, args.resolution, args.frames, device="meta", dtype=dtype,
-                                    batch=args.batch)
+        inputs = transformer_inputs(
+            args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch
+        )
         graph, _ = capture_module(module, **inputs, return_dict=False, model=args.model)
     log.info("captured %s", graph.summary())
 
@@ -191,12 +237,22 @@ def plan_command(args: argparse.Namespace) -> int:
 
             plan = tt_xla_plan(graph, mesh, model=args.model)
             plan = _expand_blocks(plan, num_layers)
-            plan = plan.with_(hardware=args.hardware, predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers,
-                                                                          weight_copies=experts))
+            plan = plan.with_(
+                hardware=args.hardware,
+                predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers, weight_copies=experts),
+            )
         else:
-            plan = plan_dit(graph, mesh, args.hardware, cfg_parallel=args.cfg_parallel, memory_gb=args.memory_gb,
-                            num_blocks=num_layers, weight_copies=experts, time_limit_s=args.time_limit,
-                            model=args.model)
+            plan = plan_dit(
+                graph,
+                mesh,
+                args.hardware,
+                cfg_parallel=args.cfg_parallel,
+                memory_gb=args.memory_gb,
+                num_blocks=num_layers,
+                weight_copies=experts,
+                time_limit_s=args.time_limit,
+                model=args.model,
+            )
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
 
@@ -206,19 +262,31 @@ def plan_command(args: argparse.Namespace) -> int:
         paths = write_dumps(plan, args.out, graph=graph, hardware=args.hardware, num_blocks=num_layers)
     p = plan.predicted
     print(plan.summary())
-    print(f"  tokens per forward: {spec.tokens(args.resolution, args.frames)}; blocks: {num_layers}; weight sets resident: {experts}")
+    print(
+        f"  tokens per forward: {spec.tokens(args.resolution, args.frames)}; blocks: {num_layers}; weight sets resident: {experts}"
+    )
     if p.step_seconds:
-        print(f"  predicted per forward: {p.step_seconds * 1e3:.1f} ms = compute {p.compute_seconds * 1e3:.1f} ms "
-              f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms "
-              f"({100 * p.comm_seconds / p.step_seconds:.0f}%)")
+        print(
+            f"  predicted per forward: {p.step_seconds * 1e3:.1f} ms = compute {p.compute_seconds * 1e3:.1f} ms "
+            f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms "
+            f"({100 * p.comm_seconds / p.step_seconds:.0f}%)"
+        )
     print(f"  memory per device: {p.memory_bytes_per_device / 1e9:.2f} GB")
-    print(f"  solver: {plan.solver.status}, {plan.solver.seconds:.3f} s solving, gap {plan.solver.gap:.2%}; "
-          f"capture {progress.times.get(next(iter(progress.times)), 0):.2f} s")
+    print(
+        f"  solver: {plan.solver.status}, {plan.solver.seconds:.3f} s solving, gap {plan.solver.gap:.2%}; "
+        f"capture {progress.times.get(next(iter(progress.times)), 0):.2f} s"
+    )
     if plan.cfg_parallel is not None:
         c = plan.cfg_parallel
-        print(f"  CFG parallel ({c.mode}): chosen {c.chosen}; " + "; ".join(
-            f"{o.name} {o.step_seconds * 1e3:.1f} ms/step, {o.memory_bytes_per_device / 1e9:.2f} GB/device"
-            if o.feasible else f"{o.name}: no plan" for o in c.options))
+        print(
+            f"  CFG parallel ({c.mode}): chosen {c.chosen}; "
+            + "; ".join(
+                f"{o.name} {o.step_seconds * 1e3:.1f} ms/step, {o.memory_bytes_per_device / 1e9:.2f} GB/device"
+                if o.feasible
+                else f"{o.name}: no plan"
+                for o in c.options
+            )
+        )
     for d in plan.decisions:
         print(f"  {d.node}: {d.strategy}" + (f"  (next best: {d.rejected})" if d.rejected else ""))
     for n in plan.notes[2:]:
@@ -245,7 +313,9 @@ def _expand_blocks(plan, num_layers: int):
     for a in plan.activations:
         if a.location.module.startswith("blocks.0."):
             for i in range(1, num_layers):
-                loc = type(a.location)("blocks.%d." % i + a.location.module[len("blocks.0."):], a.location.op, a.location.occurrence)
+                loc = type(a.location)(
+                    "blocks.%d." % i + a.location.module[len("blocks.0.") :], a.location.op, a.location.occurrence
+                )
                 if all(b.location != loc for b in acts):
                     acts.append(ActivationConstraint(loc, a.spec, a.shape, a.output, a.reason))
     return plan.with_(params=params, activations=tuple(acts))
@@ -317,8 +387,10 @@ def validate_command(args: argparse.Namespace) -> int:
             bad += 1
             continue
         except json.JSONDecodeError as e:
-            print(f"wancompile validate: {p} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated — regenerate it",
-                  file=sys.stderr)
+            print(
+                f"wancompile validate: {p} is not valid JSON ({e.msg} at line {e.lineno}); it may be truncated — regenerate it",
+                file=sys.stderr,
+            )
             bad += 1
             continue
         print(f"{p}: " + ("valid" if not errs else f"{len(errs)} problem(s)"))
@@ -328,8 +400,14 @@ def validate_command(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-COMMANDS = {"plan": plan_command, "explain": explain_command, "diff": diff_command, "export": export_command,
-            "report": report_command, "validate": validate_command}
+COMMANDS = {
+    "plan": plan_command,
+    "explain": explain_command,
+    "diff": diff_command,
+    "export": export_command,
+    "report": report_command,
+    "validate": validate_command,
+}
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -356,7 +434,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # a bug, not a user mistake: still one line (the traceback with -v)
-        code, line = FAILURE_EXIT, f"{prog}: internal error: {type(e).__name__}: {e} (run with -v for the traceback, and report it)"
+        code, line = (
+            FAILURE_EXIT,
+            f"{prog}: internal error: {type(e).__name__}: {e} (run with -v for the traceback, and report it)",
+        )
     if args.verbose:
         import traceback
 

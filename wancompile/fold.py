@@ -49,20 +49,31 @@ from typing import Any, Callable, Optional, Sequence
 import torch
 import torch.fx as fx
 
-_RANDOM = ("rand", "dropout", "bernoulli", "normal", "uniform", "multinomial", "poisson", "exponential",
-           "cauchy", "geometric", "seed")
+_RANDOM = (
+    "rand",
+    "dropout",
+    "bernoulli",
+    "normal",
+    "uniform",
+    "multinomial",
+    "poisson",
+    "exponential",
+    "cauchy",
+    "geometric",
+    "seed",
+)
 
 
 @dataclass
 class FoldSplit:
     """A graph cut into its parameter-only part and the rest."""
 
-    fold: fx.GraphModule          # fold(*args[i] for i in sources) -> tuple of folded values
-    main: fx.GraphModule          # main(*args, *folded values)
-    sources: list[int]            # argument positions the fold program reads
-    main_reads: list[bool]        # per original argument: does the main program still read it
+    fold: fx.GraphModule  # fold(*args[i] for i in sources) -> tuple of folded values
+    main: fx.GraphModule  # main(*args, *folded values)
+    sources: list[int]  # argument positions the fold program reads
+    main_reads: list[bool]  # per original argument: does the main program still read it
     folded: list[str] = field(default_factory=list)  # boundary node names, in fold output order
-    nodes: list[str] = field(default_factory=list)   # every folded node's name
+    nodes: list[str] = field(default_factory=list)  # every folded node's name
 
 
 def _name(node: fx.Node) -> str:
@@ -133,15 +144,18 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
         ancestors: dict[fx.Node, set[fx.Node]] = {}
         for node in gm.graph.nodes:
             inputs = node.all_input_nodes
-            if (_pure(node) and inputs and node not in banned
-                    and all(i in foldable or (i in sources and i not in banned) for i in inputs)
-                    and not any(u.target is _constrain for u in node.users)):
+            if (
+                _pure(node)
+                and inputs
+                and node not in banned
+                and all(i in foldable or (i in sources and i not in banned) for i in inputs)
+                and not any(u.target is _constrain for u in node.users)
+            ):
                 foldable.add(node)
                 ancestors[node] = set().union(*(ancestors.get(i, {i}) for i in inputs))
         bad_sources = {s for n in mutated for s in (ancestors.get(n, {n}) if (n in foldable or n in sources) else ())}
         boundary = [n for n in gm.graph.nodes if n in foldable and any(u not in foldable for u in n.users)]
-        too_big = [n for n in boundary
-                   if _numel(n) is None or _numel(n) > sum(_numel(s) or 0 for s in ancestors[n])]
+        too_big = [n for n in boundary if _numel(n) is None or _numel(n) > sum(_numel(s) or 0 for s in ancestors[n])]
         if not (bad_sources - banned) and not too_big:
             break
         banned |= bad_sources | set(too_big)
@@ -176,10 +190,15 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
             main.graph.erase_node(node)
     main.graph.lint()
     main.recompile()
-    main_placeholders = [n for n in main.graph.nodes if n.op == "placeholder"][:len(placeholders)]
-    return FoldSplit(fold=fold, main=main, sources=[placeholders.index(s) for s in read],
-                     main_reads=[bool(n.users) for n in main_placeholders],
-                     folded=[n.name for n in boundary], nodes=[n.name for n in gm.graph.nodes if n in foldable])
+    main_placeholders = [n for n in main.graph.nodes if n.op == "placeholder"][: len(placeholders)]
+    return FoldSplit(
+        fold=fold,
+        main=main,
+        sources=[placeholders.index(s) for s in read],
+        main_reads=[bool(n.users) for n in main_placeholders],
+        folded=[n.name for n in boundary],
+        nodes=[n.name for n in gm.graph.nodes if n in foldable],
+    )
 
 
 class FoldedValues:

@@ -25,12 +25,23 @@ from planner.mesh import MeshSpec
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
-_HLO_DTYPE = {"f32": "float32", "bf16": "bfloat16", "f16": "float16", "f64": "float64", "s32": "int32",
-              "s64": "int64", "u8": "uint8", "s8": "int8", "pred": "bool", "u32": "int32"}
+_HLO_DTYPE = {
+    "f32": "float32",
+    "bf16": "bfloat16",
+    "f16": "float16",
+    "f64": "float64",
+    "s32": "int32",
+    "s64": "int64",
+    "u8": "uint8",
+    "s8": "int8",
+    "pred": "bool",
+    "u32": "int32",
+}
 
 _INSTR = re.compile(
     r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<kind>"
-    + "|".join(KINDS) + r")(?:-start)?\((?P<operands>[^)]*)\)(?P<rest>.*)$"
+    + "|".join(KINDS)
+    + r")(?:-start)?\((?P<operands>[^)]*)\)(?P<rest>.*)$"
 )
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
 
@@ -97,7 +108,9 @@ def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[HloCollective]:
         else:  # reduce-scatter: bytes of the (un-scattered) operand
             nbytes = _shape_bytes(m.group("shape")) * (len(groups[0]) if groups else 1)
         axes = group_axes(groups, mesh) if groups else tuple(mesh.axis_names)
-        out.append(HloCollective(kind, axes, nbytes, m.group("shape").strip(), tuple(map(tuple, groups)), m.group("name")))
+        out.append(
+            HloCollective(kind, axes, nbytes, m.group("shape").strip(), tuple(map(tuple, groups)), m.group("name"))
+        )
     return out
 
 

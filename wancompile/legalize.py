@@ -27,8 +27,13 @@ import torch.fx as fx
 import torch.nn.functional as F
 
 
-def layer_norm_decomposed(x: torch.Tensor, normalized_shape: Sequence[int], weight: Optional[torch.Tensor] = None,
-                          bias: Optional[torch.Tensor] = None, eps: float = 1e-5) -> torch.Tensor:
+def layer_norm_decomposed(
+    x: torch.Tensor,
+    normalized_shape: Sequence[int],
+    weight: Optional[torch.Tensor] = None,
+    bias: Optional[torch.Tensor] = None,
+    eps: float = 1e-5,
+) -> torch.Tensor:
     """F.layer_norm as explicit reductions over the normalized dims (biased variance, as F.layer_norm)."""
     dims = tuple(range(-len(normalized_shape), 0))
     mean = x.mean(dims, keepdim=True)

@@ -155,15 +155,22 @@ class Replay:
     computation on new arguments of the same signature. ``sources[i]`` is the argument position of
     the computation's i-th input, or None for a constant of the trace (kept in ``constants``)."""
 
-    def __init__(self, graph_hash: Any, sources: list[Optional[int]], constants: list[Optional[torch.Tensor]],
-                 leaves: list[Any], treespec: Any) -> None:
+    def __init__(
+        self,
+        graph_hash: Any,
+        sources: list[Optional[int]],
+        constants: list[Optional[torch.Tensor]],
+        leaves: list[Any],
+        treespec: Any,
+    ) -> None:
         self.graph_hash, self.sources, self.constants = graph_hash, sources, constants
         self.leaves, self.treespec = leaves, treespec  # output leaves, _TENSOR where a tensor goes
         self.runs = 0
 
     @classmethod
-    def trace(cls, fn: Callable, args: Sequence[Any], device: torch.device, refuse: str = ""
-              ) -> tuple[Optional["Replay"], Any, str, list[int]]:
+    def trace(
+        cls, fn: Callable, args: Sequence[Any], device: torch.device, refuse: str = ""
+    ) -> tuple[Optional["Replay"], Any, str, list[int]]:
         """(replay or None, this call's output, why not replayable or "", positions of the arguments
         the graph wrote into); `refuse`: a reason known beforehand not to replay."""
         import torch.utils._pytree as pytree
@@ -202,8 +209,9 @@ class Replay:
         graph_hash = C._get_graph_hash(outs)
         C._xla_warm_up_cache(outs, [])
         C._clear_pending_irs(str(device))
-        replay = cls(graph_hash, sources, constants,
-                     [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves], treespec)
+        replay = cls(
+            graph_hash, sources, constants, [_TENSOR if isinstance(t, torch.Tensor) else t for t in leaves], treespec
+        )
         return replay, replay(args), "", []
 
     def __call__(self, args: Sequence[Any]) -> Any:
@@ -213,8 +221,9 @@ class Replay:
         inputs = [args[src] if src is not None else const for src, const in zip(self.sources, self.constants)]
         results = iter(torch_xla._XLAC._run_cached_graph(self.graph_hash, inputs))
         self.runs += 1
-        return pytree.tree_unflatten([next(results) if leaf is _TENSOR else leaf for leaf in self.leaves],
-                                     self.treespec)
+        return pytree.tree_unflatten(
+            [next(results) if leaf is _TENSOR else leaf for leaf in self.leaves], self.treespec
+        )
 
 
 class ShardedProgram:
@@ -227,8 +236,16 @@ class ShardedProgram:
 
     fold_parameters = True
 
-    def __init__(self, gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, *, legalize_ops: bool = True,
-                 fold: Optional[bool] = None) -> None:
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        graph: Graph,
+        plan: Plan,
+        mesh: Any,
+        *,
+        legalize_ops: bool = True,
+        fold: Optional[bool] = None,
+    ) -> None:
         import torch_xla
 
         from wancompile.fold import FoldedValues, moves_to_host, split_parameter_subgraphs
@@ -247,13 +264,20 @@ class ShardedProgram:
         self.traces = 0  # how many times the FX graph was traced (once per input signature when replayed)
         self.not_replayed: Optional[str] = None  # why the last trace could not be replayed
         self.fold = None  # FoldedValues, when the graph has parameter-only subgraphs
-        split = split_parameter_subgraphs(self.lowered, self._params) if (self.fold_parameters if fold is None else fold) else None
+        split = (
+            split_parameter_subgraphs(self.lowered, self._params)
+            if (self.fold_parameters if fold is None else fold)
+            else None
+        )
         if split is not None:
             self.fold = FoldedValues(split)
             self.lowered = split.main
         moves = [n.name for n in self.lowered.graph.nodes if moves_to_host(n)]
-        self._host_moves = (f"the graph copies values to the host mid-program ({', '.join(moves)}): a replay "
-                            "would freeze them") if moves else None
+        self._host_moves = (
+            (f"the graph copies values to the host mid-program ({', '.join(moves)}): a replay would freeze them")
+            if moves
+            else None
+        )
         # per argument of the lowered program: its parameter name, None for inputs (folded values are
         # functions of parameters)
         self._signature_params = self._params + (["<folded>"] * len(self.fold.split.folded) if self.fold else [])
@@ -311,8 +335,14 @@ class ShardedProgram:
     def __call__(self, *args: Any) -> Any:
         from wancompile import hlo, runtime
 
-        host = next((args[i].device for i in self._inputs
-                     if isinstance(args[i], torch.Tensor) and args[i].device.type != "xla"), None)
+        host = next(
+            (
+                args[i].device
+                for i in self._inputs
+                if isinstance(args[i], torch.Tensor) and args[i].device.type != "xla"
+            ),
+            None,
+        )
         xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
         if self.fold is not None:
             xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
@@ -324,8 +354,7 @@ class ShardedProgram:
         else:
             dump = runtime.current_dump_dir() if self.hlo_path is None else None
             before = hlo.dump_state(dump) if dump else {}
-            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device,
-                                                     refuse=self._host_moves or "")
+            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device, refuse=self._host_moves or "")
             self.traces += 1
             if replay is not None:
                 self._replays[signature] = replay
@@ -349,8 +378,11 @@ class ShardedProgram:
     def _signature(self, xla_args: Sequence[Any]) -> tuple:
         """What a replay is specialised to beyond dynamo's own guards: the sizes of the inputs that are
         not parameters (they vary under ``dynamic=True``) and the values of non-tensor arguments."""
-        return tuple((tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
-                     for a, param in zip(xla_args, self._signature_params) if param is None)
+        return tuple(
+            (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
+            for a, param in zip(xla_args, self._signature_params)
+            if param is None
+        )
 
     def _folded(self, args: Sequence[Any], xla_args: Sequence[Any]) -> list[torch.Tensor]:
         """The fold program's values (cached per parameter version); its HLO is recorded apart."""
@@ -383,8 +415,14 @@ class ShardedProgram:
 
     def _program_key(self, args: Sequence[Any]) -> str:
         shapes = [(tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else repr(a) for a in args]
-        plan = json.dumps({"params": self.plan.to_json()["params"], "acts": self.plan.to_json()["activations"],
-                           "mesh": self.plan.mesh.to_json()}, sort_keys=True)
+        plan = json.dumps(
+            {
+                "params": self.plan.to_json()["params"],
+                "acts": self.plan.to_json()["activations"],
+                "mesh": self.plan.mesh.to_json(),
+            },
+            sort_keys=True,
+        )
         return hashlib.sha1((self.lowered.code + plan + repr(shapes)).encode()).hexdigest()
 
     def collectives(self) -> list:
@@ -412,7 +450,9 @@ class ShardedProgram:
     def replicated(self) -> "ShardedProgram":
         """The same (legalized) graph with every parameter and activation replicated: the
         one-device program that sharded results are judged against."""
-        return ShardedProgram(self.source, self.graph, Plan(self.plan.model, self.plan.mesh, replicated_params(self.graph)), self.mesh)
+        return ShardedProgram(
+            self.source, self.graph, Plan(self.plan.model, self.plan.mesh, replicated_params(self.graph)), self.mesh
+        )
 
 
 def _to_host(out: Any, device: torch.device) -> Any:

@@ -24,9 +24,13 @@ class WanModel:
     def latent_shape(self, resolution: str, frames: int) -> tuple[int, int, int]:
         """(T, H, W) of the latent for a pixel resolution name and frame count."""
         if resolution not in self.resolutions:
-            raise ValueError(f"unknown resolution {resolution!r} for {self.name}; choose one of {sorted(self.resolutions)}")
+            raise ValueError(
+                f"unknown resolution {resolution!r} for {self.name}; choose one of {sorted(self.resolutions)}"
+            )
         if frames < 1 or (frames - 1) % self.vae_stride[0]:
-            raise ValueError(f"frames must be 4k+1 (e.g. 81) for the Wan VAE's temporal stride {self.vae_stride[0]}; got {frames}")
+            raise ValueError(
+                f"frames must be 4k+1 (e.g. 81) for the Wan VAE's temporal stride {self.vae_stride[0]}; got {frames}"
+            )
         h, w = self.resolutions[resolution]
         return (frames - 1) // self.vae_stride[0] + 1, h // self.vae_stride[1], w // self.vae_stride[2]
 
@@ -36,29 +40,78 @@ class WanModel:
         return (t // pt) * (h // ph) * (w // pw)
 
 
-_A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16, out_channels=16,
-             text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40, cross_attn_norm=True,
-             qk_norm="rms_norm_across_heads", eps=1e-6)
+_A14B = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=40,
+    attention_head_dim=128,
+    in_channels=16,
+    out_channels=16,
+    text_dim=4096,
+    freq_dim=256,
+    ffn_dim=13824,
+    num_layers=40,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    eps=1e-6,
+)
 
 MODELS: dict[str, WanModel] = {
     m.name: m
     for m in [
-        WanModel("wan2.2-t2v-a14b", _A14B, resolutions={"480p": (480, 832), "720p": (720, 1280)},
-                 description="Wan 2.2 T2V-A14B, one of its two experts (identical structure)"),
-        WanModel("wan2.2-i2v-a14b", {**_A14B, "in_channels": 36}, resolutions={"480p": (480, 832), "720p": (720, 1280)},
-                 description="Wan 2.2 I2V-A14B, one expert; image latents concatenated on channels"),
-        WanModel("wan2.2-ti2v-5b",
-                 dict(patch_size=(1, 2, 2), num_attention_heads=24, attention_head_dim=128, in_channels=48, out_channels=48,
-                      text_dim=4096, freq_dim=256, ffn_dim=14336, num_layers=30, cross_attn_norm=True,
-                      qk_norm="rms_norm_across_heads", eps=1e-6),
-                 vae_stride=(4, 16, 16), resolutions={"480p": (480, 832), "720p": (704, 1280)},
-                 description="Wan 2.2 TI2V-5B (Wan 2.2 VAE, 16x spatial)"),
-        WanModel("tiny",
-                 dict(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=16, in_channels=4, out_channels=4,
-                      text_dim=32, freq_dim=16, ffn_dim=96, num_layers=2, cross_attn_norm=True,
-                      qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=32),
-                 vae_stride=(4, 8, 8), text_len=7, resolutions={"tiny": (64, 64), "480p": (48, 64)},
-                 description="random-weight stand-in: 2 blocks, 4 heads x 16"),
+        WanModel(
+            "wan2.2-t2v-a14b",
+            _A14B,
+            resolutions={"480p": (480, 832), "720p": (720, 1280)},
+            description="Wan 2.2 T2V-A14B, one of its two experts (identical structure)",
+        ),
+        WanModel(
+            "wan2.2-i2v-a14b",
+            {**_A14B, "in_channels": 36},
+            resolutions={"480p": (480, 832), "720p": (720, 1280)},
+            description="Wan 2.2 I2V-A14B, one expert; image latents concatenated on channels",
+        ),
+        WanModel(
+            "wan2.2-ti2v-5b",
+            dict(
+                patch_size=(1, 2, 2),
+                num_attention_heads=24,
+                attention_head_dim=128,
+                in_channels=48,
+                out_channels=48,
+                text_dim=4096,
+                freq_dim=256,
+                ffn_dim=14336,
+                num_layers=30,
+                cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads",
+                eps=1e-6,
+            ),
+            vae_stride=(4, 16, 16),
+            resolutions={"480p": (480, 832), "720p": (704, 1280)},
+            description="Wan 2.2 TI2V-5B (Wan 2.2 VAE, 16x spatial)",
+        ),
+        WanModel(
+            "tiny",
+            dict(
+                patch_size=(1, 2, 2),
+                num_attention_heads=4,
+                attention_head_dim=16,
+                in_channels=4,
+                out_channels=4,
+                text_dim=32,
+                freq_dim=16,
+                ffn_dim=96,
+                num_layers=2,
+                cross_attn_norm=True,
+                qk_norm="rms_norm_across_heads",
+                eps=1e-6,
+                rope_max_seq_len=32,
+            ),
+            vae_stride=(4, 8, 8),
+            text_len=7,
+            resolutions={"tiny": (64, 64), "480p": (48, 64)},
+            description="random-weight stand-in: 2 blocks, 4 heads x 16",
+        ),
     ]
 }
 
@@ -70,8 +123,9 @@ def get_model(name: str) -> WanModel:
         raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}") from None
 
 
-def build_transformer(name: str, *, device: str | torch.device = "cpu", num_layers: Optional[int] = None,
-                      seed: int = 0, **overrides: Any) -> torch.nn.Module:
+def build_transformer(
+    name: str, *, device: str | torch.device = "cpu", num_layers: Optional[int] = None, seed: int = 0, **overrides: Any
+) -> torch.nn.Module:
     """A `WanTransformer3DModel` for a registered config: random weights on CPU (seeded), or
     weightless on ``device="meta"``."""
     from diffusers import WanTransformer3DModel
@@ -86,13 +140,24 @@ def build_transformer(name: str, *, device: str | torch.device = "cpu", num_laye
     return WanTransformer3DModel(**cfg).eval().to(device)
 
 
-def transformer_inputs(name: str, resolution: str, frames: int, *, device: str | torch.device = "cpu",
-                       batch: int = 1, seed: int = 1, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+def transformer_inputs(
+    name: str,
+    resolution: str,
+    frames: int,
+    *,
+    device: str | torch.device = "cpu",
+    batch: int = 1,
+    seed: int = 1,
+    dtype: torch.dtype = torch.float32,
+) -> dict[str, torch.Tensor]:
     """Example `WanTransformer3DModel.forward` kwargs: latent video, timestep, prompt embeddings."""
     model = get_model(name)
     t, h, w = model.latent_shape(resolution, frames)
     cfg = model.transformer
-    shapes = {"hidden_states": (batch, cfg["in_channels"], t, h, w), "encoder_hidden_states": (batch, model.text_len, cfg["text_dim"])}
+    shapes = {
+        "hidden_states": (batch, cfg["in_channels"], t, h, w),
+        "encoder_hidden_states": (batch, model.text_len, cfg["text_dim"]),
+    }
     if str(device) == "meta":
         out = {k: torch.empty(s, device="meta", dtype=dtype) for k, s in shapes.items()}
         out["timestep"] = torch.empty((batch,), device="meta", dtype=torch.long)
@@ -105,15 +170,28 @@ def transformer_inputs(name: str, resolution: str, frames: int, *, device: str |
 
 # diffusers' own tiny Wan pipeline components (tests/pipelines/wan/test_wan.py, test_wan_22.py):
 # a 2-block DiT with 2 heads x 12, text_dim 32, and a 3-channel Wan 2.1 VAE.
-TINY_PIPELINE_TRANSFORMER = dict(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=12, in_channels=16,
-                                 out_channels=16, text_dim=32, freq_dim=256, ffn_dim=32, num_layers=2,
-                                 cross_attn_norm=True, qk_norm="rms_norm_across_heads", rope_max_seq_len=32)
-TINY_PIPELINE_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1,
-                         temperal_downsample=[False, True, True])
+TINY_PIPELINE_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=2,
+    attention_head_dim=12,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=256,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+TINY_PIPELINE_VAE = dict(
+    base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
+)
 
 
-def build_tiny_pipeline(*, two_experts: bool = True, seed: int = 0, boundary_ratio: float = 0.875,
-                        transformer: Optional[dict] = None):
+def build_tiny_pipeline(
+    *, two_experts: bool = True, seed: int = 0, boundary_ratio: float = 0.875, transformer: Optional[dict] = None
+):
     """diffusers' real `WanPipeline` from tiny random components, as diffusers' pipeline tests build them,
     without tokenizer or text encoder (call it with ``prompt_embeds``/``negative_prompt_embeds``, e.g.
     `tiny_pipeline_inputs`).
@@ -133,18 +211,40 @@ def build_tiny_pipeline(*, two_experts: bool = True, seed: int = 0, boundary_rat
     if two_experts:
         torch.manual_seed(seed + 1)
         low = WanTransformer3DModel(**cfg).eval()
-    return WanPipeline(tokenizer=None, text_encoder=None, transformer=high, vae=vae, scheduler=scheduler,
-                       transformer_2=low, boundary_ratio=boundary_ratio if two_experts else None)
+    return WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        transformer=high,
+        vae=vae,
+        scheduler=scheduler,
+        transformer_2=low,
+        boundary_ratio=boundary_ratio if two_experts else None,
+    )
 
 
-def tiny_pipeline_inputs(pipe, *, seed: int = 0, steps: int = 2, height: int = 32, width: int = 32, frames: int = 9,
-                         text_len: int = 16, guidance_scale: float = 6.0) -> dict[str, Any]:
+def tiny_pipeline_inputs(
+    pipe,
+    *,
+    seed: int = 0,
+    steps: int = 2,
+    height: int = 32,
+    width: int = 32,
+    frames: int = 9,
+    text_len: int = 16,
+    guidance_scale: float = 6.0,
+) -> dict[str, Any]:
     """`WanPipeline.__call__` kwargs for `build_tiny_pipeline`: random prompt embeddings (cond and uncond),
     a seeded generator, a few steps; the caller picks ``output_type``."""
     model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
     text_dim = model.config.text_dim
     g = torch.Generator().manual_seed(seed)
-    return dict(prompt_embeds=torch.randn(1, text_len, text_dim, generator=g),
-                negative_prompt_embeds=torch.randn(1, text_len, text_dim, generator=g),
-                generator=torch.Generator().manual_seed(seed + 1), num_inference_steps=steps,
-                guidance_scale=guidance_scale, height=height, width=width, num_frames=frames)
+    return dict(
+        prompt_embeds=torch.randn(1, text_len, text_dim, generator=g),
+        negative_prompt_embeds=torch.randn(1, text_len, text_dim, generator=g),
+        generator=torch.Generator().manual_seed(seed + 1),
+        num_inference_steps=steps,
+        guidance_scale=guidance_scale,
+        height=height,
+        width=width,
+        num_frames=frames,
+    )

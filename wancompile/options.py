@@ -50,12 +50,14 @@ class Options:
     cfg_parallel: str = "auto"
 
     @classmethod
-    def from_user(cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None) -> "Options":
+    def from_user(
+        cls, options: Optional[Mapping[str, Any]] = None, env: Optional[Mapping[str, str]] = None
+    ) -> "Options":
         env = os.environ if env is None else env
         raw: dict[str, Any] = {}
         for key, value in env.items():
             if key.startswith(ENV_PREFIX) and key not in OTHER_ENV:
-                name = key[len(ENV_PREFIX):].lower()
+                name = key[len(ENV_PREFIX) :].lower()
                 if name not in _KNOWN:
                     known = [ENV_PREFIX + k.upper() for k in sorted(_KNOWN)]
                     raise OptionsError(
@@ -73,8 +75,20 @@ class Options:
         return _parse(raw)
 
 
-_KNOWN = frozenset({"mesh", "axis_names", "hardware", "dump_dir", "plan", "memory_gb", "verify", "rewrites",
-                    "weight_sets", "cfg_parallel"})
+_KNOWN = frozenset(
+    {
+        "mesh",
+        "axis_names",
+        "hardware",
+        "dump_dir",
+        "plan",
+        "memory_gb",
+        "verify",
+        "rewrites",
+        "weight_sets",
+        "cfg_parallel",
+    }
+)
 # WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
 # variable with the prefix is taken for a misspelt option and refused; add new ones here.
 OTHER_ENV: frozenset[str] = frozenset()
@@ -85,6 +99,8 @@ def _did_you_mean(name: str, known) -> str:
 
     close = difflib.get_close_matches(name, list(known), n=1)
     return f" (did you mean {close[0]}?)" if close else ""
+
+
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
 
@@ -99,7 +115,10 @@ def _parse(raw: dict[str, Any]) -> Options:
         if hasattr(value, "mesh_shape") and hasattr(value, "axis_names"):  # a torch_xla Mesh
             xla_mesh = value
             names = axis_names or tuple(value.axis_names or ())
-            value = MeshSpec(tuple(int(n) for n in value.mesh_shape), tuple(names) if names else _default_names(len(value.mesh_shape)))
+            value = MeshSpec(
+                tuple(int(n) for n in value.mesh_shape),
+                tuple(names) if names else _default_names(len(value.mesh_shape)),
+            )
         try:
             mesh = parse_mesh(value, axis_names)
         except MeshError as e:
@@ -139,8 +158,10 @@ def _parse(raw: dict[str, Any]) -> Options:
     except (TypeError, ValueError):
         ok = False
     if not ok:
-        raise OptionsError(f"option 'weight_sets' must be an integer >= 1 (weight sets resident per device, e.g. 2 "
-                           f"for both Wan 2.2 experts), got {weight_sets!r}")
+        raise OptionsError(
+            f"option 'weight_sets' must be an integer >= 1 (weight sets resident per device, e.g. 2 "
+            f"for both Wan 2.2 experts), got {weight_sets!r}"
+        )
     hardware = str(raw["hardware"]) if raw.get("hardware") else None
     if hardware is not None:
         _check_hardware(hardware, mesh)
@@ -178,16 +199,23 @@ def _check_hardware(name: str, mesh: Optional[MeshSpec]) -> None:
     from planner.hardware import PROFILES
 
     if name not in PROFILES:
-        raise OptionsError(f"option 'hardware': unknown profile {name!r}{_did_you_mean(name, sorted(PROFILES))}; "
-                           f"choose one of {', '.join(sorted(PROFILES))}")
+        raise OptionsError(
+            f"option 'hardware': unknown profile {name!r}{_did_you_mean(name, sorted(PROFILES))}; "
+            f"choose one of {', '.join(sorted(PROFILES))}"
+        )
     native = PROFILES[name].mesh_shape
     if mesh is not None and mesh.size > math.prod(native):
-        raise OptionsError(f"option 'hardware': {name} has {math.prod(native)} devices ({'x'.join(map(str, native))}) but mesh "
-                           f"{mesh} has {mesh.size}; choose a profile for a system that large")
+        raise OptionsError(
+            f"option 'hardware': {name} has {math.prod(native)} devices ({'x'.join(map(str, native))}) but mesh "
+            f"{mesh} has {mesh.size}; choose a profile for a system that large"
+        )
     if mesh is not None and tuple(mesh.shape) != tuple(native):
         logging.getLogger("wancompile").warning(
             "wan_autoshard: hardware %s's native mesh is %s; mesh %s is priced as part of it (its links per axis)",
-            name, "x".join(map(str, native)), mesh)
+            name,
+            "x".join(map(str, native)),
+            mesh,
+        )
 
 
 def _default_names(ndim: int) -> tuple[str, ...]:
@@ -207,5 +235,7 @@ def _parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
     names = tuple(value)
     bad = [n for n in names if n not in REWRITE_NAMES]
     if bad:
-        raise OptionsError(f"option 'rewrites': unknown pass(es) {bad}; use 'all', 'none', or names from {list(REWRITE_NAMES)}")
+        raise OptionsError(
+            f"option 'rewrites': unknown pass(es) {bad}; use 'all', 'none', or names from {list(REWRITE_NAMES)}"
+        )
     return names

@@ -44,9 +44,9 @@ _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline ho
 class PipelineCompilation:
     """What `compile_pipeline` did to one pipeline, and what it needs to undo it."""
 
-    options: dict[str, Any]                       # backend options shared by every component
-    transformers: tuple[str, ...]                 # the pipeline attributes compiled ("transformer", ...)
-    vae: Optional[Union[str, int]]                # "full", "auto", k (chunked-T), or None (left alone)
+    options: dict[str, Any]  # backend options shared by every component
+    transformers: tuple[str, ...]  # the pipeline attributes compiled ("transformer", ...)
+    vae: Optional[Union[str, int]]  # "full", "auto", k (chunked-T), or None (left alone)
     cfg_parallel: bool
     originals: dict[str, Any] = field(default_factory=dict, repr=False)  # attribute -> module before compiling
     vae_before: Optional[tuple[bool, Optional[int]]] = field(default=None, repr=False)  # (full-T on, its t_chunk)
@@ -68,9 +68,18 @@ def compilation(pipe) -> Optional[PipelineCompilation]:
     return pipe.__dict__.get(_STATE_ATTR)
 
 
-def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, memory_gb: Optional[float] = None, *,
-                     vae: Optional[Union[str, int, bool]] = "auto", cfg_parallel: Union[bool, str] = False,
-                     dump_dir: Optional[Union[str, Path]] = None, fullgraph: bool = True, **options: Any):
+def compile_pipeline(
+    pipe,
+    mesh: Any = None,
+    hardware: Optional[str] = None,
+    memory_gb: Optional[float] = None,
+    *,
+    vae: Optional[Union[str, int, bool]] = "auto",
+    cfg_parallel: Union[bool, str] = False,
+    dump_dir: Optional[Union[str, Path]] = None,
+    fullgraph: bool = True,
+    **options: Any,
+):
     """Compile `pipe`'s transformer(s) and VAE decode with ``backend="wan_autoshard"``; returns `pipe`.
 
     Args:
@@ -95,15 +104,18 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
     if vae is False:
         vae = None
     if not (vae in (None, "auto", "full") or (isinstance(vae, int) and not isinstance(vae, bool) and vae >= 1)):
-        raise ValueError(f"compile_pipeline: vae must be 'auto', 'full', a positive int (latent frames per chunk) or "
-                         f"None (leave the VAE alone), got {vae!r}")
+        raise ValueError(
+            f"compile_pipeline: vae must be 'auto', 'full', a positive int (latent frames per chunk) or "
+            f"None (leave the VAE alone), got {vae!r}"
+        )
     from planner.cfg import normalize_mode
 
     try:  # True/"on": batch the pair and split it over a mesh axis; "auto": the cost model decides the split
         cfg_mode = normalize_mode(cfg_parallel)
     except ValueError:
-        raise ValueError(f"compile_pipeline: cfg_parallel must be True/'on', False/'off' or 'auto', "
-                         f"got {cfg_parallel!r}") from None
+        raise ValueError(
+            f"compile_pipeline: cfg_parallel must be True/'on', False/'off' or 'auto', got {cfg_parallel!r}"
+        ) from None
     if "cfg_parallel" in options:
         raise ValueError("compile_pipeline: pass cfg_parallel as compile_pipeline's own argument")
     if compilation(pipe) is not None:
@@ -117,8 +129,9 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
     Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
     from wancompile.backend import _RECENT
 
-    state = PipelineCompilation(options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off",
-                                before=list(_RECENT))
+    state = PipelineCompilation(
+        options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off", before=list(_RECENT)
+    )
     dump = Path(dump_dir) if dump_dir is not None else None
 
     # One options dict for every transformer: equal options let the experts share one compiled graph.
@@ -147,8 +160,13 @@ def compile_pipeline(pipe, mesh: Any = None, hardware: Optional[str] = None, mem
             vae_opts["dump_dir"] = str(dump / "vae")
         state.decode = _install_decode(pipe, vae, vae_opts, state)
     pipe.__dict__[_STATE_ATTR] = state
-    log.info("compile_pipeline: %s compiled (%s), vae=%s, cfg_parallel=%s", ", ".join(names) or "no transformer",
-             opts, vae, cfg_parallel)
+    log.info(
+        "compile_pipeline: %s compiled (%s), vae=%s, cfg_parallel=%s",
+        ", ".join(names) or "no transformer",
+        opts,
+        vae,
+        cfg_parallel,
+    )
     return pipe
 
 
@@ -174,8 +192,10 @@ def restore_pipeline(pipe):
 def _check_pipeline(pipe) -> None:
     missing = [a for a in ("vae", "transformer", "encode_prompt") if not hasattr(pipe, a)]
     if missing:
-        raise TypeError(f"compile_pipeline expects a diffusers WanPipeline (with vae, transformer, transformer_2), "
-                        f"got {type(pipe).__name__} without {', '.join(missing)}")
+        raise TypeError(
+            f"compile_pipeline expects a diffusers WanPipeline (with vae, transformer, transformer_2), "
+            f"got {type(pipe).__name__} without {', '.join(missing)}"
+        )
     if all(getattr(pipe, n, None) is None for n in TRANSFORMERS) and getattr(pipe, "vae", None) is None:
         raise ValueError("compile_pipeline: the pipeline has no transformer, transformer_2 or vae to compile")
 
@@ -231,10 +251,14 @@ class _BudgetedDecode:
 
         key = (tuple(z.shape), z.dtype)
         if key not in self.t_chunks:
-            self.t_chunks[key] = choose_t_chunk(self.vae.config, tuple(z.shape), self.budget_bytes(),
-                                                element_bytes=z.element_size())
-            log.info("compile_pipeline: VAE decode of latents %s: %s", tuple(z.shape),
-                     "full-T" if self.t_chunks[key] is None else f"chunked-T, {self.t_chunks[key]} frames per chunk")
+            self.t_chunks[key] = choose_t_chunk(
+                self.vae.config, tuple(z.shape), self.budget_bytes(), element_bytes=z.element_size()
+            )
+            log.info(
+                "compile_pipeline: VAE decode of latents %s: %s",
+                tuple(z.shape),
+                "full-T" if self.t_chunks[key] is None else f"chunked-T, {self.t_chunks[key]} frames per chunk",
+            )
         if self.vae.__dict__[_T_CHUNK_ATTR] != self.t_chunks[key]:
             setattr(self.vae, _T_CHUNK_ATTR, self.t_chunks[key])
         return self.compiled(z, return_dict=return_dict)
@@ -268,8 +292,8 @@ class _CFGState:
 
     def __init__(self) -> None:
         self.negative: Optional[torch.Tensor] = None
-        self.batched = 0      # batch-2 forwards run
-        self.served = 0       # uncond calls answered from a batch-2 forward
+        self.batched = 0  # batch-2 forwards run
+        self.served = 0  # uncond calls answered from a batch-2 forward
         self.fallthrough = 0  # calls that ran as plain forwards
 
 
@@ -337,32 +361,59 @@ class CFGBatched(torch.nn.Module):
 
         return context()
 
-    def forward(self, hidden_states: torch.Tensor, timestep: torch.Tensor, encoder_hidden_states: torch.Tensor,
-                *args: Any, return_dict: bool = True, attention_kwargs: Optional[dict] = None, **kwargs: Any):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        timestep: torch.Tensor,
+        encoder_hidden_states: torch.Tensor,
+        *args: Any,
+        return_dict: bool = True,
+        attention_kwargs: Optional[dict] = None,
+        **kwargs: Any,
+    ):
         cfg, context, pending = self._cfg, self._context, self._pending
         object.__setattr__(self, "_pending", None)
         if context == "uncond" and pending is not None and not args and not kwargs:
             (x, xv), (t, tv), (n, nv), attn, half = pending
-            if (attn is attention_kwargs and _same(hidden_states, x, xv) and _same(timestep, t, tv)
-                    and _same(encoder_hidden_states, n, nv)):
+            if (
+                attn is attention_kwargs
+                and _same(hidden_states, x, xv)
+                and _same(timestep, t, tv)
+                and _same(encoder_hidden_states, n, nv)
+            ):
                 cfg.served += 1
                 return _output(half, return_dict)
         negative = cfg.negative
-        if (context == "cond" and negative is not None and not args and not kwargs
-                and negative.shape == encoder_hidden_states.shape):
+        if (
+            context == "cond"
+            and negative is not None
+            and not args
+            and not kwargs
+            and negative.shape == encoder_hidden_states.shape
+        ):
             n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
-            out = self.inner(hidden_states=torch.cat([hidden_states, hidden_states]),
-                             timestep=torch.cat([timestep, timestep]),
-                             encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
-                             attention_kwargs=attention_kwargs, return_dict=False)[0]
+            out = self.inner(
+                hidden_states=torch.cat([hidden_states, hidden_states]),
+                timestep=torch.cat([timestep, timestep]),
+                encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
+                attention_kwargs=attention_kwargs,
+                return_dict=False,
+            )[0]
             cond, uncond = out.chunk(2)
             pending = tuple((v, v._version) for v in (hidden_states, timestep, n)) + (attention_kwargs, uncond)
             object.__setattr__(self, "_pending", pending)
             cfg.batched += 1
             return _output(cond, return_dict)
         cfg.fallthrough += 1
-        return self.inner(hidden_states, timestep, encoder_hidden_states, *args, return_dict=return_dict,
-                          attention_kwargs=attention_kwargs, **kwargs)
+        return self.inner(
+            hidden_states,
+            timestep,
+            encoder_hidden_states,
+            *args,
+            return_dict=return_dict,
+            attention_kwargs=attention_kwargs,
+            **kwargs,
+        )
 
 
 def _output(sample: torch.Tensor, return_dict: bool):

@@ -44,10 +44,12 @@ class Progress:
         stop = threading.Event()
         ticker = None
         if self.live:
+
             def tick() -> None:
                 while not stop.wait(0.2):
                     self.stream.write(f"\r{label} … {time.perf_counter() - t0:.1f} s")
                     self.stream.flush()
+
             ticker = threading.Thread(target=tick, daemon=True)
             ticker.start()
         log.debug("%s: started", label)

@@ -72,7 +72,6 @@ def configure(num_devices: Optional[int] = None, dump_dir: Optional[str | Path] 
         os.environ["XLA_FLAGS"] = " ".join(flags)
 
 
-
 def ensure_cpu_devices(num_devices: Optional[int], log) -> None:
     """Before the runtime starts, make sure a CPU runtime will have `num_devices` virtual devices.
 
@@ -90,9 +89,12 @@ def ensure_cpu_devices(num_devices: Optional[int], log) -> None:
         if "PJRT_DEVICE" not in os.environ:
             set_now = {"PJRT_DEVICE": "CPU", **set_now}
         os.environ.update(set_now)
-        log.warning("wan_autoshard: no XLA device count was configured; set %s: virtual CPU devices for the "
-                    "mesh's %d devices (set it yourself to silence this)",
-                    " ".join(f"{k}={v}" for k, v in set_now.items()), num_devices)
+        log.warning(
+            "wan_autoshard: no XLA device count was configured; set %s: virtual CPU devices for the "
+            "mesh's %d devices (set it yourself to silence this)",
+            " ".join(f"{k}={v}" for k, v in set_now.items()),
+            num_devices,
+        )
     elif given.strip() != str(num_devices):
         raise RuntimeConfigError(
             f"CPU_NUM_DEVICES={given} gives {given} virtual CPU devices but the mesh needs {num_devices}; "
@@ -103,7 +105,7 @@ def ensure_cpu_devices(num_devices: Optional[int], log) -> None:
 def current_dump_dir() -> Optional[Path]:
     for f in os.environ.get("XLA_FLAGS", "").split():
         if f.startswith(_DUMP_FLAG):
-            return Path(f[len(_DUMP_FLAG):])
+            return Path(f[len(_DUMP_FLAG) :])
     return None
 
 

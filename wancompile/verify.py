@@ -48,7 +48,11 @@ def _input_name(ref: str) -> str:
 
 def check_finite_inputs(graph: Graph, args: Sequence[Any]) -> None:
     """Raise `NonFiniteInputError` naming the first graph input or parameter with NaN/Inf values."""
-    names = [f"parameter {n.param}" if n.param else _input_name(n.attrs.get("input", n.name)) for n in graph if n.op == "placeholder"]
+    names = [
+        f"parameter {n.param}" if n.param else _input_name(n.attrs.get("input", n.name))
+        for n in graph
+        if n.op == "placeholder"
+    ]
     for name, a in zip(names, args):
         if isinstance(a, torch.Tensor) and (a.is_floating_point() or a.is_complex()) and a.numel():
             t = a.detach().cpu()
@@ -57,7 +61,8 @@ def check_finite_inputs(graph: Graph, args: Sequence[Any]) -> None:
                 raise NonFiniteInputError(
                     f"wan_autoshard verify: {name} {tuple(t.shape)} holds {nan} NaN and {inf} Inf value(s) of {t.numel()}; "
                     "the model's output is not finite either way, so the plan was not checked. Pass finite inputs "
-                    "(or run with verify off)")
+                    "(or run with verify off)"
+                )
 
 
 def _flat_tensors(x: Any) -> list[torch.Tensor]:
@@ -77,7 +82,9 @@ def numerics(actual: Any, expected: Any) -> Numerics:
     a = _flat_tensors(actual)
     b = _flat_tensors(expected)
     if len(a) != len(b) or any(x.shape != y.shape for x, y in zip(a, b)):
-        raise VerificationError(f"outputs differ in structure: {[tuple(x.shape) for x in a]} vs {[tuple(y.shape) for y in b]}")
+        raise VerificationError(
+            f"outputs differ in structure: {[tuple(x.shape) for x in a]} vs {[tuple(y.shape) for y in b]}"
+        )
     if not a:
         return Numerics(1.0, 0.0)
     x = torch.cat([t.detach().cpu().double().flatten() for t in a])
@@ -101,8 +108,9 @@ def verify_program(program, args: Sequence[Any]) -> tuple[Numerics, Any]:
     return numerics(out, ref), out
 
 
-def run_with_backend(module: torch.nn.Module, inputs: Mapping[str, Any], *, reference: bool = True,
-                     **options: Any) -> tuple[Any, Any, Any]:
+def run_with_backend(
+    module: torch.nn.Module, inputs: Mapping[str, Any], *, reference: bool = True, **options: Any
+) -> tuple[Any, Any, Any]:
     """Compile `module` with ``backend="wan_autoshard"`` (one graph, these options), call it with
     `inputs` as keyword arguments (plus ``return_dict=False``), and run the same lowered graph with
     everything replicated: (sharded output, one-device output or None, the ShardedProgram)."""
@@ -153,8 +161,10 @@ class CollectiveMatch:
         return abs(self.predicted_bytes - self.observed_bytes) <= rel * max(self.predicted_bytes, self.observed_bytes)
 
     def __str__(self) -> str:
-        return (f"{self.kind:<18} {'+'.join(self.axes) or '-':<12} count {self.predicted_count:>3} predicted / "
-                f"{self.observed_count:>3} compiled, bytes {self.predicted_bytes:>10} / {self.observed_bytes:>10}")
+        return (
+            f"{self.kind:<18} {'+'.join(self.axes) or '-':<12} count {self.predicted_count:>3} predicted / "
+            f"{self.observed_count:>3} compiled, bytes {self.predicted_bytes:>10} / {self.observed_bytes:>10}"
+        )
 
 
 def compare_collectives(predicted: Iterable[Collective], observed: Iterable[Any]) -> list[CollectiveMatch]:

@@ -29,6 +29,9 @@ def sdpa_rule(op: OpView) -> RuleResult:
     ql_shape = op.local(op.shape(q), q_req)
     lk = op.shape(k)[2]
     flops = 4 * numel(ql_shape) * lk  # QK^T and PV: 2 * B*H*Lq*Lk*d each
-    nbytes = (op.local_bytes(op.in_metas[q], q_req) * 2 + op.local_bytes(op.in_metas[k], kv_req)
-              + op.local_bytes(op.in_metas[v], kv_req))
+    nbytes = (
+        op.local_bytes(op.in_metas[q], q_req) * 2
+        + op.local_bytes(op.in_metas[k], kv_req)
+        + op.local_bytes(op.in_metas[v], kv_req)
+    )
     return RuleResult(tuple(reqs), (q_req,), flops=flops, bytes=nbytes, kernel=True)

@@ -40,7 +40,11 @@ def conv_rule(op: OpView) -> RuleResult:
     used = {a for d in xl.dims[2:] for a in d} | set(xl.dims[0])
     out_ch = tuple(a for a in wl.dims[0] if a not in used)
     # row-parallel: input channels split like the weight's dim 1 -> partial sums over those axes
-    in_ch = tuple(xl.dims[1]) if xl.dims[1] and tuple(wl.dims[1]) == tuple(xl.dims[1]) and not (set(xl.dims[1]) & (used | set(out_ch))) else ()
+    in_ch = (
+        tuple(xl.dims[1])
+        if xl.dims[1] and tuple(wl.dims[1]) == tuple(xl.dims[1]) and not (set(xl.dims[1]) & (used | set(out_ch)))
+        else ()
+    )
     x_dims = [xl.dims[0], in_ch]
     out_dims = [xl.dims[0], out_ch]
     comm = []
@@ -76,10 +80,21 @@ def conv_rule(op: OpView) -> RuleResult:
         for e in done:
             halo[2 + e] = out_local[2 + e] + kernel[e] - 1
         for direction in ("up", "down"):
-            comm.append(InOpComm("collective-permute", x_dims[2 + s], tuple(halo), op.out.itemsize,
-                                 f"halo exchange of split spatial dim {2 + s} ({direction})"))
+            comm.append(
+                InOpComm(
+                    "collective-permute",
+                    x_dims[2 + s],
+                    tuple(halo),
+                    op.out.itemsize,
+                    f"halo exchange of split spatial dim {2 + s} ({direction})",
+                )
+            )
         done.append(s)
     per_out = numel(op.shape(w)[1:])
     flops = 2 * numel(out_local) * per_out
-    nbytes = op.local_bytes(op.in_metas[0], reqs[0]) + op.local_bytes(op.in_metas[w], reqs[w]) + numel(out_local) * op.out.itemsize
+    nbytes = (
+        op.local_bytes(op.in_metas[0], reqs[0])
+        + op.local_bytes(op.in_metas[w], reqs[w])
+        + numel(out_local) * op.out.itemsize
+    )
     return RuleResult(tuple(reqs), (out,), comm=tuple(comm), flops=flops, bytes=nbytes, kernel=True)

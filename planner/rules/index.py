@@ -20,7 +20,13 @@ from planner.rules import OpView, RuleResult, norm_dim, register_rule
 
 
 def _is_full(item: Any) -> bool:
-    return isinstance(item, dict) and "slice" in item and item["slice"][0] in (None, 0) and item["slice"][1] is None and item["slice"][2] in (None, 1)
+    return (
+        isinstance(item, dict)
+        and "slice" in item
+        and item["slice"][0] in (None, 0)
+        and item["slice"][1] is None
+        and item["slice"][2] in (None, 1)
+    )
 
 
 def index_map(index: Any, ndim: int) -> Optional[tuple[list[tuple[Optional[int], bool]], set[int]]]:
@@ -65,7 +71,11 @@ def getitem_rule(op: OpView) -> RuleResult:
     mapping = index_map(op.args[1] if len(op.args) > 1 else None, lay.ndim)
     if mapping is None:  # advanced indexing: gather the indexed tensor
         req = Layout.replicated(lay.ndim)
-        return RuleResult((req,) + tuple(None for _ in op.ins[1:]), (Layout.replicated(len(op.out.shape)),), note="advanced indexing computed replicated")
+        return RuleResult(
+            (req,) + tuple(None for _ in op.ins[1:]),
+            (Layout.replicated(len(op.out.shape)),),
+            note="advanced indexing computed replicated",
+        )
     out_dims, unshard = mapping
     req = Layout(tuple(() if d in unshard else a for d, a in enumerate(lay.dims)))
     out = Layout(tuple(req.dims[src] if src is not None and keep else () for src, keep in out_dims))
@@ -88,7 +98,7 @@ def unbind_rule(op: OpView) -> RuleResult:
     lay = op.keep(0) or Layout.replicated(op.ndim(0))
     d = _split_dim(op, 1)
     req = lay.with_dim(d, ())
-    out = Layout(req.dims[:d] + req.dims[d + 1:])
+    out = Layout(req.dims[:d] + req.dims[d + 1 :])
     return RuleResult((req,), tuple(out for _ in op.node.outputs))
 
 

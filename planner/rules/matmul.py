@@ -40,8 +40,11 @@ def _linear(op: OpView, x: int, w: int, b: int | None, w_nk: bool) -> RuleResult
     if k_axes:
         comm = (InOpComm("all-reduce", k_axes, out_local, op.out.itemsize, "row-parallel partial sums"),)
     flops = 2 * numel(out_local) * k_local
-    nbytes = (op.local_bytes(op.in_metas[x], x_req) + op.local_bytes(op.in_metas[w], reqs[w])
-              + numel(out_local) * op.out.itemsize)
+    nbytes = (
+        op.local_bytes(op.in_metas[x], x_req)
+        + op.local_bytes(op.in_metas[w], reqs[w])
+        + numel(out_local) * op.out.itemsize
+    )
     return RuleResult(tuple(reqs), (out,), comm=comm, flops=flops, bytes=nbytes, kernel=True)
 
 

@@ -32,13 +32,15 @@ def norm_rule(op: OpView) -> RuleResult:
     reqs[0] = xl
     for i in range(1, len(op.ins)):
         if op.ins[i] is not None:  # affine weight / bias over the normalized dims
-            reqs[i] = Layout(tuple(xl.dims[d] for d in sorted(dims))[-op.ndim(i):])
+            reqs[i] = Layout(tuple(xl.dims[d] for d in sorted(dims))[-op.ndim(i) :])
     split = tuple(a for d in sorted(dims) for a in xl.dims[d])
     comm = ()
     if split:
         stats = tuple(1 if d in dims else n for d, n in enumerate(op.local(op.shape(0), xl)))
-        comm = tuple(InOpComm("all-reduce", split, stats, 4, f"{op.node.op} statistics over a split dim")
-                     for _ in range(_STATS_REDUCTIONS[op.node.op]))
+        comm = tuple(
+            InOpComm("all-reduce", split, stats, 4, f"{op.node.op} statistics over a split dim")
+            for _ in range(_STATS_REDUCTIONS[op.node.op])
+        )
     local = numel(op.local(op.out.shape, xl))
     return RuleResult(tuple(reqs), (xl,), comm=comm, flops=5 * local, bytes=2 * local * op.out.itemsize, kernel=True)
 
@@ -54,6 +56,8 @@ def group_norm_rule(op: OpView) -> RuleResult:
     comm = ()
     if spatial:
         stats = (op.local(op.shape(0), req)[0], int(op.arg(1, "num_groups", 1)))
-        comm = tuple(InOpComm("all-reduce", spatial, stats, 4, "group_norm statistics over split spatial dims") for _ in range(2))
+        comm = tuple(
+            InOpComm("all-reduce", spatial, stats, 4, "group_norm statistics over split spatial dims") for _ in range(2)
+        )
     local = numel(op.local(op.out.shape, req))
     return RuleResult(tuple(reqs), (req,), comm=comm, flops=5 * local, bytes=2 * local * op.out.itemsize, kernel=True)

@@ -18,8 +18,35 @@ from planner.placements import Layout, numel
 from planner.rules import OpView, RuleResult, register_rule
 
 # keep alphabetically sorted
-_UNARY_LINEAR = ("clone", "contiguous", "detach", "dropout", "float", "half", "bfloat16", "neg", "to", "type", "type_as")
-_UNARY = ("abs", "cos", "erf", "exp", "gelu", "log", "relu", "rsqrt", "sigmoid", "silu", "sin", "sqrt", "square", "tanh")
+_UNARY_LINEAR = (
+    "clone",
+    "contiguous",
+    "detach",
+    "dropout",
+    "float",
+    "half",
+    "bfloat16",
+    "neg",
+    "to",
+    "type",
+    "type_as",
+)
+_UNARY = (
+    "abs",
+    "cos",
+    "erf",
+    "exp",
+    "gelu",
+    "log",
+    "relu",
+    "rsqrt",
+    "sigmoid",
+    "silu",
+    "sin",
+    "sqrt",
+    "square",
+    "tanh",
+)
 _BINARY_ADDITIVE = ("add", "sub")
 _BINARY_MULTIPLICATIVE = ("mul", "truediv")
 _BINARY = ("eq", "floordiv", "ge", "gt", "le", "lt", "maximum", "minimum", "ne", "pow", "where")
@@ -50,7 +77,9 @@ def _broadcast(op: OpView, tensor_inputs: list[int]) -> tuple[tuple[Layout | Non
         if op.ins[i] is None:
             continue
         shift = nout - op.ndim(i)
-        req = tuple(() if op.shape(i)[d] == 1 and out_shape[d + shift] != 1 else dims[d + shift] for d in range(op.ndim(i)))
+        req = tuple(
+            () if op.shape(i)[d] == 1 and out_shape[d + shift] != 1 else dims[d + shift] for d in range(op.ndim(i))
+        )
         required[i] = Layout(req)
     return tuple(required), out
 

@@ -27,8 +27,12 @@ def interpolate_rule(op: OpView) -> RuleResult:
     xl = op.keep(0) or Layout.replicated(op.ndim(0))
     req = Layout(xl.dims[:2] + ((),) * (xl.ndim - 2))
     out_bytes = numel(op.local(op.out.shape, req)) * op.out.itemsize
-    return RuleResult((req,) + (None,) * (len(op.ins) - 1), (req,), bytes=out_bytes,
-                      note="interpolate: spatial dims gathered (no local lowering of a split upsample)")
+    return RuleResult(
+        (req,) + (None,) * (len(op.ins) - 1),
+        (req,),
+        bytes=out_bytes,
+        note="interpolate: spatial dims gathered (no local lowering of a split upsample)",
+    )
 
 
 @register_rule("clamp", "clamp_min", "clamp_max", "clip")

@@ -68,7 +68,9 @@ def reshape_groups(src: Sequence[Dim], dst: Sequence[Dim]) -> list[tuple[list[in
     return groups
 
 
-def reshape_layout(op: OpView, src: Sequence[Dim], dst: Sequence[Dim], lay: Layout) -> tuple[Layout, Layout, list[Guard]]:
+def reshape_layout(
+    op: OpView, src: Sequence[Dim], dst: Sequence[Dim], lay: Layout
+) -> tuple[Layout, Layout, list[Guard]]:
     """(required input layout, output layout, guards) for a reshape src -> dst."""
     req = list(lay.dims)
     out: list[tuple[str, ...]] = [()] * len(dst)

@@ -36,8 +36,12 @@ def _per_kind(rep: Report) -> dict:
 def diff(a: Report, b: Report) -> str:
     pa, pb = a.plan, b.plan
     lines = [f"A: {a.source or 'plan A'}", f"B: {b.source or 'plan B'}"]
-    for name, x, y in (("model", pa.model, pb.model), ("mesh", f"{pa.mesh} {pa.mesh.axis_names}", f"{pb.mesh} {pb.mesh.axis_names}"),
-                       ("hardware", pa.hardware, pb.hardware), ("solver", pa.solver.status, pb.solver.status)):
+    for name, x, y in (
+        ("model", pa.model, pb.model),
+        ("mesh", f"{pa.mesh} {pa.mesh.axis_names}", f"{pb.mesh} {pb.mesh.axis_names}"),
+        ("hardware", pa.hardware, pb.hardware),
+        ("solver", pa.solver.status, pb.solver.status),
+    ):
         lines.append(f"{name:<10} {x}" + (f"  ->  {y}" if x != y else "  (same)"))
     lines.append("")
     lines.append("parallelism")
@@ -48,37 +52,54 @@ def diff(a: Report, b: Report) -> str:
     if _axes(a, a.tp_axes()) != _axes(b, b.tp_axes()):
         lines.append(f"  TP changed: {_axes(a, a.tp_axes())} -> {_axes(b, b.tp_axes())}")
     qa, qb = pa.predicted, pb.predicted
-    lines += ["", "predicted per forward (B - A)",
-              f"  step     {_delta(qa.step_seconds, qb.step_seconds)}",
-              f"  compute  {_delta(qa.compute_seconds, qb.compute_seconds)}",
-              f"  comm     {_delta(qa.comm_seconds, qb.comm_seconds)}",
-              f"  memory   {_delta(qa.memory_bytes_per_device, qb.memory_bytes_per_device, 1e-9, 'GB')} per device"]
+    lines += [
+        "",
+        "predicted per forward (B - A)",
+        f"  step     {_delta(qa.step_seconds, qb.step_seconds)}",
+        f"  compute  {_delta(qa.compute_seconds, qb.compute_seconds)}",
+        f"  comm     {_delta(qa.comm_seconds, qb.comm_seconds)}",
+        f"  memory   {_delta(qa.memory_bytes_per_device, qb.memory_bytes_per_device, 1e-9, 'GB')} per device",
+    ]
     da = {v.where: v.decision for v in a.decisions()}
     db = {v.where: v.decision for v in b.decisions()}
     keys = list(dict.fromkeys([*map(_dkey, da), *map(_dkey, db)]))
     ga = {_dkey(k): v for k, v in da.items()}
     gb = {_dkey(k): v for k, v in db.items()}
-    changed = [(k, ga.get(k), gb.get(k)) for k in keys if (ga.get(k) and ga[k].strategy) != (gb.get(k) and gb[k].strategy)]
+    changed = [
+        (k, ga.get(k), gb.get(k)) for k in keys if (ga.get(k) and ga[k].strategy) != (gb.get(k) and gb[k].strategy)
+    ]
     lines += ["", f"decisions: {len(changed)} changed of {len(keys)}"]
     for k, x, y in changed:
-        cost = f" ({x.cost * 1e3:.3f} -> {y.cost * 1e3:.3f} ms per forward, {(y.cost - x.cost) * 1e3:+.3f})" if x and y else ""
+        cost = (
+            f" ({x.cost * 1e3:.3f} -> {y.cost * 1e3:.3f} ms per forward, {(y.cost - x.cost) * 1e3:+.3f})"
+            if x and y
+            else ""
+        )
         lines.append(f"  {k}: {x.strategy if x else '-'} -> {y.strategy if y else '-'}{cost}")
     ba, bb = a.bill(), b.bill()
-    lines += ["", f"collective bill per block: {ba.headline()} -> {bb.headline()}",
-              f"  A: {ba.breakdown() or '-'}", f"  B: {bb.breakdown() or '-'}"]
+    lines += [
+        "",
+        f"collective bill per block: {ba.headline()} -> {bb.headline()}",
+        f"  A: {ba.breakdown() or '-'}",
+        f"  B: {bb.breakdown() or '-'}",
+    ]
     ka, kb = _per_kind(a), _per_kind(b)
     lines += ["", "collectives per forward (calls, bytes, predicted seconds)"]
     for k in sorted(set(ka) | set(kb)):
         x, y = ka.get(k, [0, 0, 0.0]), kb.get(k, [0, 0, 0.0])
-        lines.append(f"  {k[0]:<18} {'+'.join(k[1]):<12} calls {x[0]:>5} -> {y[0]:<5} bytes {human_bytes(x[1]):>10} -> {human_bytes(y[1]):<10} "
-                     f"time {x[2] * 1e3:.3f} -> {y[2] * 1e3:.3f} ms ({(y[2] - x[2]) * 1e3:+.3f})")
+        lines.append(
+            f"  {k[0]:<18} {'+'.join(k[1]):<12} calls {x[0]:>5} -> {y[0]:<5} bytes {human_bytes(x[1]):>10} -> {human_bytes(y[1]):<10} "
+            f"time {x[2] * 1e3:.3f} -> {y[2] * 1e3:.3f} ms ({(y[2] - x[2]) * 1e3:+.3f})"
+        )
     lines += ["", "parameter specs"]
     fold_a, fold_b = _fold(pa.params), _fold(pb.params)
     only_a = sorted(set(fold_a) - set(fold_b))
     only_b = sorted(set(fold_b) - set(fold_a))
     diffs = sorted(k for k in set(fold_a) & set(fold_b) if fold_a[k] != fold_b[k])
     if only_a or only_b:
-        lines.append(f"  names differ: {len(only_a)} only in A (e.g. {', '.join(only_a[:3])}), {len(only_b)} only in B (e.g. {', '.join(only_b[:3])})")
+        lines.append(
+            f"  names differ: {len(only_a)} only in A (e.g. {', '.join(only_a[:3])}), {len(only_b)} only in B (e.g. {', '.join(only_b[:3])})"
+        )
     lines.append(f"  {len(diffs)} changed of {len(set(fold_a) & set(fold_b))}")
     for k in diffs:
         lines.append(f"  {k}: {_specs(fold_a[k])} -> {_specs(fold_b[k])}")

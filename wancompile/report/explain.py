@@ -37,8 +37,10 @@ def explain(rep: Report, what: str) -> str:
     plan = rep.plan
     block = re.match(r"^blocks\.(\d+)(\.|$)", what.strip())
     if block and rep.num_blocks and int(block.group(1)) >= rep.num_blocks:
-        raise PlanError(f"no such block: plan {rep.source or ''} has blocks 0..{rep.num_blocks - 1}, not {block.group(1)} "
-                        f"(blocks share decisions: try blocks.0{what.strip()[block.end(1):]})")
+        raise PlanError(
+            f"no such block: plan {rep.source or ''} has blocks 0..{rep.num_blocks - 1}, not {block.group(1)} "
+            f"(blocks share decisions: try blocks.0{what.strip()[block.end(1) :]})"
+        )
     lines: list[str] = []
 
     if g.replace("_", "-") in ("cfg", "cfg-parallel") and plan.cfg_parallel is not None:
@@ -59,7 +61,10 @@ def explain(rep: Report, what: str) -> str:
         lines.append(f"  spec: {format_spec(spec)}" + ("  (replicated)" if not sharded else ""))
         if info:
             shape = info["shape"]
-            local = [d // plan.mesh.entry_size(e) if isinstance(d, int) else f"{d}/{plan.mesh.entry_size(e)}" for d, e in zip(shape, spec)]
+            local = [
+                d // plan.mesh.entry_size(e) if isinstance(d, int) else f"{d}/{plan.mesh.entry_size(e)}"
+                for d, e in zip(shape, spec)
+            ]
             lines.append(f"  shape: {tuple(shape)} {info['dtype']}; per device {tuple(local)}")
         users = [r for r in rep.rows() if r["module"] == g.rsplit(".", 1)[0] and r["weight"]]
         for r in users:
@@ -74,12 +79,18 @@ def explain(rep: Report, what: str) -> str:
     if rows or acts:
         lines.append(f"{'op' if ':' in g else 'module'} {g}")
         for r in rows:
-            lines.append(f"  {r['loc']}: {', '.join(dict.fromkeys(r['in'])) or '-'} -> {r['out']}"
-                         + (f"; weights {r['weight']}" if r['weight'] else "")
-                         + f"; {us(r['compute_s'] + sum(c['seconds'] for c in r['collectives']))} µs" + _coll(r))
+            lines.append(
+                f"  {r['loc']}: {', '.join(dict.fromkeys(r['in'])) or '-'} -> {r['out']}"
+                + (f"; weights {r['weight']}" if r["weight"] else "")
+                + f"; {us(r['compute_s'] + sum(c['seconds'] for c in r['collectives']))} µs"
+                + _coll(r)
+            )
         for a in acts[:1]:
-            lines.append(f"  constraint at {_generic(str(a.location))}: {format_spec(a.spec)}"
-                         + (f" ({len(acts)} sites)" if len(acts) > 1 else "") + (f" — {a.reason}" if a.reason else ""))
+            lines.append(
+                f"  constraint at {_generic(str(a.location))}: {format_spec(a.spec)}"
+                + (f" ({len(acts)} sites)" if len(acts) > 1 else "")
+                + (f" — {a.reason}" if a.reason else "")
+            )
         v = _decision_for(rep, rows[0]["module"] if rows else _generic(acts[0].location.module))
         if v:
             lines.append(f"  decided by {v.where}: {v.decision.strategy} (see `wancompile explain PLAN {v.key}`)")
@@ -89,8 +100,10 @@ def explain(rep: Report, what: str) -> str:
 
     near = sorted({v.key for v in views.values()} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
     close = [x for x in near if key.split(".")[-1] in x][:8] or near[:8]
-    raise PlanError(f"no such decision, parameter, module or op: plan {rep.source or ''} has none named {what!r}; "
-                    f"try one of: {', '.join(close)}")
+    raise PlanError(
+        f"no such decision, parameter, module or op: plan {rep.source or ''} has none named {what!r}; "
+        f"try one of: {', '.join(close)}"
+    )
 
 
 def _explain_cfg(c) -> str:
@@ -99,40 +112,55 @@ def _explain_cfg(c) -> str:
     for o in c.options:
         mark = " *" if o.name == c.chosen else ""
         if o.feasible:
-            lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: {ms(o.step_seconds)} ms per step = compute "
-                         f"{ms(o.compute_seconds)} + comm {ms(o.comm_seconds)}; "
-                         f"{o.memory_bytes_per_device / 1e9:.4g} GB/device{mark}")
+            lines.append(
+                f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: {ms(o.step_seconds)} ms per step = compute "
+                f"{ms(o.compute_seconds)} + comm {ms(o.comm_seconds)}; "
+                f"{o.memory_bytes_per_device / 1e9:.4g} GB/device{mark}"
+            )
         else:
             lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: no plan — {o.reason}{mark}")
     if c.split:
-        lines.append(f"  the plan's mesh is {c.option(c.chosen).mesh}: {c.axis!r} splits dim 0 of every "
-                     "batch-carrying value, parameters are replicated over it")
+        lines.append(
+            f"  the plan's mesh is {c.option(c.chosen).mesh}: {c.axis!r} splits dim 0 of every "
+            "batch-carrying value, parameters are replicated over it"
+        )
     return "\n".join(lines)
 
 
 def _coll(r: dict) -> str:
     if not r["collectives"]:
         return ""
-    return "; " + ", ".join(f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])} ({us(c['seconds'])} µs)"
-                            for c in r["collectives"])
+    return "; " + ", ".join(
+        f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])} ({us(c['seconds'])} µs)"
+        for c in r["collectives"]
+    )
 
 
 def _explain_decision(rep: Report, v: DecisionView) -> str:
     d = v.decision
-    lines = [f"{v.where}: {d.strategy}", f"  cost: the best plan with it, {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else "")]
+    lines = [
+        f"{v.where}: {d.strategy}",
+        f"  cost: the best plan with it, {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else ""),
+    ]
     rows = [r for r in rep.rows() if r["group"] == v.key]
     colls = [(r, c) for r in rows for c in r["collectives"]]
     if colls:
         lines.append("  collectives per call:")
-        lines += [f"    {c['kind']:<18} {'+'.join(c['axes']):<12} {human_bytes(c['bytes']):>10}  {us(c['seconds']):>8} µs  at {r['loc']}"
-                  for r, c in colls]
+        lines += [
+            f"    {c['kind']:<18} {'+'.join(c['axes']):<12} {human_bytes(c['bytes']):>10}  {us(c['seconds']):>8} µs  at {r['loc']}"
+            for r, c in colls
+        ]
     elif rows:
         lines.append("  collectives: none")
     if rows:
         comp = sum(r["compute_s"] for r in rows)
         comm = sum(c["seconds"] for _, c in colls)
         lines.append(f"  per call: compute {us(comp)} µs + collectives {us(comm)} µs")
-    cons = [a for a in rep.plan.activations if _generic(a.location.module).startswith(("blocks.*." + v.key, v.key)) and a.location.module]
+    cons = [
+        a
+        for a in rep.plan.activations
+        if _generic(a.location.module).startswith(("blocks.*." + v.key, v.key)) and a.location.module
+    ]
     seen = set()
     for a in cons:
         k = _generic(str(a.location))
@@ -140,10 +168,15 @@ def _explain_decision(rep: Report, v: DecisionView) -> str:
             seen.add(k)
             lines.append(f"  constraint {k} -> {format_spec(a.spec)}" + (f" ({a.reason})" if a.reason else ""))
     if d.rejected:
-        lines.append(f"  best rejected: {d.rejected}, the best plan with it instead {ms(d.rejected_cost)} ms per forward"
-                     + (f" ({v.plan_delta_ms:+.3f} ms)" if v.plan_delta_ms is not None else ""))
+        lines.append(
+            f"  best rejected: {d.rejected}, the best plan with it instead {ms(d.rejected_cost)} ms per forward"
+            + (f" ({v.plan_delta_ms:+.3f} ms)" if v.plan_delta_ms is not None else "")
+        )
     if v.options:
-        lines.append("  options priced (ms per forward): " + ", ".join(f"{n}={t:.3f}" + (" *" if n == d.strategy else "") for n, t in v.options))
+        lines.append(
+            "  options priced (ms per forward): "
+            + ", ".join(f"{n}={t:.3f}" + (" *" if n == d.strategy else "") for n, t in v.options)
+        )
     for x in v.excluded:
         lines.append(f"  excluded: {x}")
     for x in v.other:

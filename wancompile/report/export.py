@@ -1,4 +1,4 @@
-'''``wancompile export PLAN --format python``: the plan as a Python module for plain torch_xla.
+"""``wancompile export PLAN --format python``: the plan as a Python module for plain torch_xla.
 
 The module needs torch and torch_xla only (not wancompile), like the hand-written
 ``shard_dit_specs`` + ``apply_dit_sp_activation_sharding`` it replaces:
@@ -31,7 +31,7 @@ LayerNorm under SP (``apply_activation_sharding(..., legalize_layer_norm=False)`
 Plans made with graph rewrites (QKV fusion, patch-embed as Linear, ...) name ops and parameters the
 eager model does not have; they are refused, since the module applies to the model as diffusers
 builds it.
-'''
+"""
 
 from __future__ import annotations
 
@@ -220,8 +220,10 @@ def export_python(rep: Report) -> str:
     plan: Plan = rep.plan
     made_with = [r.name for r in plan.rewrites if r.count]
     if made_with:
-        raise PlanError(f"this plan was made with graph rewrites ({', '.join(made_with)}); its ops and parameters do not exist in the "
-                        "unmodified diffusers model the exported module applies to. Re-plan without rewrites to export it.")
+        raise PlanError(
+            f"this plan was made with graph rewrites ({', '.join(made_with)}); its ops and parameters do not exist in the "
+            "unmodified diffusers model the exported module applies to. Re-plan without rewrites to export it."
+        )
     n = rep.num_blocks
     sharded = plan.sharded_params()
     by_inner: dict[str, dict[int, tuple]] = defaultdict(dict)
@@ -260,13 +262,31 @@ def export_python(rep: Report) -> str:
             continue
         seen.add(key)
         why = f"  # {a.reason}" if a.reason else ""
-        constraints.append(f"    ({a.location.module!r}, {a.location.op!r}, {a.location.occurrence}, {a.output}, {_spec_literal(a.spec)}),{why}\n")
-    summary = "\n".join(f"{k}: {v}" for k, v in (("parallelism", rep.parallelism()), ("collectives per block", rep.bill().headline()),
-                                                  ("solver", plan.solver.status)))
+        constraints.append(
+            f"    ({a.location.module!r}, {a.location.op!r}, {a.location.occurrence}, {a.output}, {_spec_literal(a.spec)}),{why}\n"
+        )
+    summary = "\n".join(
+        f"{k}: {v}"
+        for k, v in (
+            ("parallelism", rep.parallelism()),
+            ("collectives per block", rep.bill().headline()),
+            ("solver", plan.solver.status),
+        )
+    )
     return _TEMPLATE.format(
-        model=plan.model, mesh=plan.mesh, axes=plan.mesh.axis_names, source=rep.source or "plan.json", summary=summary,
-        mesh_shape=tuple(plan.mesh.shape), axis_names=tuple(plan.mesh.axis_names), num_blocks=n, last_block=max(n - 1, 0),
-        block_specs=lines(block_specs), root_specs=lines(root), extra_specs=lines(extra), constraints="".join(constraints),
+        model=plan.model,
+        mesh=plan.mesh,
+        axes=plan.mesh.axis_names,
+        source=rep.source or "plan.json",
+        summary=summary,
+        mesh_shape=tuple(plan.mesh.shape),
+        axis_names=tuple(plan.mesh.axis_names),
+        num_blocks=n,
+        last_block=max(n - 1, 0),
+        block_specs=lines(block_specs),
+        root_specs=lines(root),
+        extra_specs=lines(extra),
+        constraints="".join(constraints),
         # the backend's own legalization, copied so the exported module needs no wancompile
         layer_norm_source=inspect.getsource(layer_norm_decomposed).rstrip(),
     )

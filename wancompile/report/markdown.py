@@ -25,9 +25,21 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
     p, mesh = rep.plan, rep.plan.mesh
     hw = rep.hardware
     s, pr = p.solver, p.predicted
-    rows = [("model", p.model + (f" — {rep.num_blocks} blocks" if rep.num_blocks else "")
-             + (f", {rep.trace['tokens']} tokens per forward" if rep.trace else ""))]
-    rows.append(("mesh", f"{mesh} = {mesh.size} devices; axes " + " × ".join(f"{a} ({n})" for a, n in zip(mesh.axis_names, mesh.shape))))
+    rows = [
+        (
+            "model",
+            p.model
+            + (f" — {rep.num_blocks} blocks" if rep.num_blocks else "")
+            + (f", {rep.trace['tokens']} tokens per forward" if rep.trace else ""),
+        )
+    ]
+    rows.append(
+        (
+            "mesh",
+            f"{mesh} = {mesh.size} devices; axes "
+            + " × ".join(f"{a} ({n})" for a, n in zip(mesh.axis_names, mesh.shape)),
+        )
+    )
     rows.append(("hardware", (f"{hw.name}: {hw.description}" if hw else p.hardware or "—")))
     solver = f"{s.status}"
     if s.status not in ("hand-written", "none"):
@@ -35,23 +47,46 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
     rows.append(("solver", solver))
     if pr.step_seconds:
         share = lambda x: f"{100 * x / pr.step_seconds:.0f} %"  # noqa: E731
-        rows.append(("predicted per forward", f"{ms(pr.step_seconds)} ms = compute {ms(pr.compute_seconds)} ms ({share(pr.compute_seconds)}) "
-                     f"+ comm {ms(pr.comm_seconds)} ms ({share(pr.comm_seconds)}), no overlap assumed"))
+        rows.append(
+            (
+                "predicted per forward",
+                f"{ms(pr.step_seconds)} ms = compute {ms(pr.compute_seconds)} ms ({share(pr.compute_seconds)}) "
+                f"+ comm {ms(pr.comm_seconds)} ms ({share(pr.comm_seconds)}), no overlap assumed",
+            )
+        )
         flops = rep.flops_per_forward()
         if hw is not None and flops:
             bound = flops / (float(hw.peak_flops) * float(hw.efficiency))
-            rows.append(("roofline", f"{human_flops(flops)} per device per forward; at {float(hw.peak_flops) / 1e12:.0f} TFLOP/s × "
-                         f"{float(hw.efficiency):.0%} that is {(f'{bound * 1e3:.1f} ms' if bound >= 1e-3 else f'{bound * 1e6:.3g} µs')}, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
-                         "(memory-bound ops and launch floors make up the rest)"))
+            rows.append(
+                (
+                    "roofline",
+                    f"{human_flops(flops)} per device per forward; at {float(hw.peak_flops) / 1e12:.0f} TFLOP/s × "
+                    f"{float(hw.efficiency):.0%} that is {(f'{bound * 1e3:.1f} ms' if bound >= 1e-3 else f'{bound * 1e6:.3g} µs')}, so compute is {pr.compute_seconds / bound:.1f}× its FLOP bound "
+                    "(memory-bound ops and launch floors make up the rest)",
+                )
+            )
     if pr.memory_bytes_per_device:
-        cap = f" of {float(hw.dram_bytes) / 1e9:.0f} GB ({100 * pr.memory_bytes_per_device / float(hw.dram_bytes):.1f} %)" if hw else ""
-        rows.append(("memory per device", f"{pr.memory_bytes_per_device / 1e9:.4g} GB{cap}: weights + 3× the largest live activation set"))
+        cap = (
+            f" of {float(hw.dram_bytes) / 1e9:.0f} GB ({100 * pr.memory_bytes_per_device / float(hw.dram_bytes):.1f} %)"
+            if hw
+            else ""
+        )
+        rows.append(
+            (
+                "memory per device",
+                f"{pr.memory_bytes_per_device / 1e9:.4g} GB{cap}: weights + 3× the largest live activation set",
+            )
+        )
     c = p.cfg_parallel
     if c is not None:
-        how = (f": {c.axis!r} splits the batch, one branch per half of the mesh" if c.split
-               else ": both branches on the whole mesh")
-        rows.append(("CFG parallel", f"{c.chosen} ({c.mode}) for the batch-{c.batch} CFG pair on mesh {c.base_mesh}"
-                     + how))
+        how = (
+            f": {c.axis!r} splits the batch, one branch per half of the mesh"
+            if c.split
+            else ": both branches on the whole mesh"
+        )
+        rows.append(
+            ("CFG parallel", f"{c.chosen} ({c.mode}) for the batch-{c.batch} CFG pair on mesh {c.base_mesh}" + how)
+        )
     rows.append(("parallelism", rep.parallelism()))
     bill = rep.bill()
     rows.append(("collectives per block", f"{bill.headline()} ({bill.breakdown()})" if bill.entries else "none"))
@@ -72,25 +107,54 @@ def render_markdown(rep: Report) -> str:
     views = rep.decisions()
     if views:
         lines += ["", "## Decisions", ""]
-        lines += _table(("where", "chosen", "plan with it, ms/forward", "best rejected", "best plan without it", "Δ"),
-                        ((v.where, f"**{v.decision.strategy}**", ms(v.decision.cost), v.decision.rejected or "—",
-                          ms(v.decision.rejected_cost), f"{v.plan_delta_ms:+.3f} ms" if v.plan_delta_ms is not None else "—")
-                         for v in views))
+        lines += _table(
+            ("where", "chosen", "plan with it, ms/forward", "best rejected", "best plan without it", "Δ"),
+            (
+                (
+                    v.where,
+                    f"**{v.decision.strategy}**",
+                    ms(v.decision.cost),
+                    v.decision.rejected or "—",
+                    ms(v.decision.rejected_cost),
+                    f"{v.plan_delta_ms:+.3f} ms" if v.plan_delta_ms is not None else "—",
+                )
+                for v in views
+            ),
+        )
 
     if rep.trace:
-        lines += ["", f"## One block, op by op (`blocks.*`, ×{n})", "",
-                  "State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); "
-                  "`+P(model)`: partial sums over `model`. µs = predicted compute + collectives of the op, per block.", ""]
+        lines += [
+            "",
+            f"## One block, op by op (`blocks.*`, ×{n})",
+            "",
+            "State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); "
+            "`+P(model)`: partial sums over `model`. µs = predicted compute + collectives of the op, per block.",
+            "",
+        ]
         lines += _op_table(rep.table_rows("block"))
         seg = {s: (t, c, m) for s, t, c, m in rep.segment_costs()}
         t, c, m = seg["block"]
-        lines += ["", f"Block total: {us(c + m)} µs (compute {us(c)} µs + comm {us(m)} µs) × {n} blocks = {ms((c + m) * n)} ms per forward."]
+        lines += [
+            "",
+            f"Block total: {us(c + m)} µs (compute {us(c)} µs + comm {us(m)} µs) × {n} blocks = {ms((c + m) * n)} ms per forward.",
+        ]
         bill = rep.bill()
         if bill.entries:
             lines += ["", f"**Collective bill per block: {bill.headline()}**", ""]
-            lines += _table(("collective", "axes", "bytes per call", "per block", "size", "where"),
-                            ((e.kind, "+".join(e.axes), human_bytes(e.bytes), f"{e.per_block:g}", "small" if e.small else "big", e.where)
-                             for e in bill.entries))
+            lines += _table(
+                ("collective", "axes", "bytes per call", "per block", "size", "where"),
+                (
+                    (
+                        e.kind,
+                        "+".join(e.axes),
+                        human_bytes(e.bytes),
+                        f"{e.per_block:g}",
+                        "small" if e.small else "big",
+                        e.where,
+                    )
+                    for e in bill.entries
+                ),
+            )
         once = [r for r in rep.rows("prologue") + rep.rows("epilogue") if r["collectives"] or r["constraint"]]
         if once:
             lines += ["", "## Once per forward (before and after the block stack)", ""]
@@ -100,20 +164,39 @@ def render_markdown(rep: Report) -> str:
 
     if p.collectives:
         lines += ["", "## Predicted collectives per forward", ""]
-        lines += _table(("collective", "axes", "bytes per call", "calls", "µs per call", "where"),
-                        ((c.kind, "+".join(c.axes), human_bytes(c.bytes), str(c.count),
-                          us(s) if (s := rep.collective_seconds(c)) is not None else "—", c.where) for c in p.collectives))
+        lines += _table(
+            ("collective", "axes", "bytes per call", "calls", "µs per call", "where"),
+            (
+                (
+                    c.kind,
+                    "+".join(c.axes),
+                    human_bytes(c.bytes),
+                    str(c.count),
+                    us(s) if (s := rep.collective_seconds(c)) is not None else "—",
+                    c.where,
+                )
+                for c in p.collectives
+            ),
+        )
 
     if views:
         lines += ["", "## Why", ""]
         for v in views:
             lines += _why(rep, v)
     if p.solver.status == "hand-written":
-        lines += ["", "## Why", "", "Hand-written plan: no alternatives were priced. Compare it with an auto plan with "
-                  "`wancompile diff HAND/plan.json AUTO/plan.json`."]
+        lines += [
+            "",
+            "## Why",
+            "",
+            "Hand-written plan: no alternatives were priced. Compare it with an auto plan with "
+            "`wancompile diff HAND/plan.json AUTO/plan.json`.",
+        ]
 
-    extra = [*(f"- guard: `{g}`" for g in p.guards), *(f"- rewrite `{r.name}`: {r.count} site(s)" for r in p.rewrites if r.count),
-             *(f"- {x}" for x in p.notes)]
+    extra = [
+        *(f"- guard: `{g}`" for g in p.guards),
+        *(f"- rewrite `{r.name}`: {r.count} site(s)" for r in p.rewrites if r.count),
+        *(f"- {x}" for x in p.notes),
+    ]
     if extra:
         lines += ["", "## Notes", ""] + extra
     text = "\n".join(lines).rstrip() + "\n"
@@ -124,16 +207,32 @@ def render_markdown(rep: Report) -> str:
 
 def cfg_lines(c) -> list[str]:
     """The CFG-parallel options of a batch-2 plan (planner.cfg), one row each, from the typed record."""
+
     def gb(o):
         return f"{o.memory_bytes_per_device / 1e9:.4g}" if o.memory_bytes_per_device is not None else "—"
 
-    out = [f"Mode `{c.mode}`; per denoising step = one batch-{c.batch} forward (cond + uncond). `split(AXIS)`: "
-           f"mesh axis AXIS halved, the major half named `{c.axis}` splits the batch; each half runs one branch's plan "
-           "on its submesh.", ""]
-    out += _table(("option", "mesh", "ms per step", "compute ms", "comm ms", "GB/device", "chosen", "why not / note"),
-                  ((f"`{o.name}`", f"{o.mesh} ({', '.join(o.mesh.axis_names)})", ms(o.step_seconds),
-                    ms(o.compute_seconds), ms(o.comm_seconds), gb(o), "**yes**" if o.name == c.chosen else "",
-                    o.reason or "—") for o in c.options))
+    out = [
+        f"Mode `{c.mode}`; per denoising step = one batch-{c.batch} forward (cond + uncond). `split(AXIS)`: "
+        f"mesh axis AXIS halved, the major half named `{c.axis}` splits the batch; each half runs one branch's plan "
+        "on its submesh.",
+        "",
+    ]
+    out += _table(
+        ("option", "mesh", "ms per step", "compute ms", "comm ms", "GB/device", "chosen", "why not / note"),
+        (
+            (
+                f"`{o.name}`",
+                f"{o.mesh} ({', '.join(o.mesh.axis_names)})",
+                ms(o.step_seconds),
+                ms(o.compute_seconds),
+                ms(o.comm_seconds),
+                gb(o),
+                "**yes**" if o.name == c.chosen else "",
+                o.reason or "—",
+            )
+            for o in c.options
+        ),
+    )
     return out
 
 
@@ -147,16 +246,31 @@ def _op_table(rows: list[dict]) -> list[str]:
     def state_in(r: dict) -> str:
         return "<br>".join(dict.fromkeys(r["in"])) or "—"
 
-    return _table(("op", "weights", "state in", "state out", "constraint", "collective", "bytes", "µs"),
-                  ((f"`{r['loc']}`", r["weight"] or "—", state_in(r), r["out"], f"`{r['constraint']}`" if r["constraint"] else "—",
-                    coll(r), nbytes(r), us(r["compute_s"] + sum(c["seconds"] for c in r["collectives"]))) for r in rows))
+    return _table(
+        ("op", "weights", "state in", "state out", "constraint", "collective", "bytes", "µs"),
+        (
+            (
+                f"`{r['loc']}`",
+                r["weight"] or "—",
+                state_in(r),
+                r["out"],
+                f"`{r['constraint']}`" if r["constraint"] else "—",
+                coll(r),
+                nbytes(r),
+                us(r["compute_s"] + sum(c["seconds"] for c in r["collectives"])),
+            )
+            for r in rows
+        ),
+    )
 
 
 def _why(rep: Report, v) -> list[str]:
     d = v.decision
     out = [f"### {v.where}: {d.strategy}", ""]
-    out.append(f"- **chosen** `{d.strategy}`: the best plan with it costs {ms(d.cost)} ms per forward"
-               + (f"; {v.memory}" if v.memory else ""))
+    out.append(
+        f"- **chosen** `{d.strategy}`: the best plan with it costs {ms(d.cost)} ms per forward"
+        + (f"; {v.memory}" if v.memory else "")
+    )
     if d.rejected:
         line = f"- **best rejected** `{d.rejected}`: the best plan with it instead costs {ms(d.rejected_cost)} ms per forward"
         if v.plan_delta_ms is not None:
@@ -171,7 +285,13 @@ def _why(rep: Report, v) -> list[str]:
         out.append(f"- {x}")
     rows = [r for r in rep.rows() if r["group"] == v.key and r["collectives"]]
     if rows:
-        out.append("- collectives it implies (per call): " + ", ".join(
-            f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])} at `{r['loc']}`" for r in rows for c in r["collectives"]))
+        out.append(
+            "- collectives it implies (per call): "
+            + ", ".join(
+                f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])} at `{r['loc']}`"
+                for r in rows
+                for c in r["collectives"]
+            )
+        )
     out.append("")
     return out

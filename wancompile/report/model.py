@@ -56,12 +56,14 @@ class Bill:
 
     def breakdown(self) -> str:
         """``3 all-reduce on model, 2 all-gather on batch; small: 4 all-reduce on model``."""
+
         def part(small: bool) -> str:
             c: Counter = Counter()
             for e in self.entries:
                 if e.small == small:
                     c[(e.kind, e.axes)] += e.per_block
             return ", ".join(f"{_num(n)} {k} on {'+'.join(a) or '-'}" for (k, a), n in sorted(c.items()))
+
         big, small = part(False), part(True)
         return "; ".join(p for p in (big, f"small: {small}" if small else "") if p)
 
@@ -141,7 +143,9 @@ class Report:
         except OSError as e:
             raise PlanError(f"cannot read plan {path}: {e.strerror}") from None
         except json.JSONDecodeError as e:
-            raise PlanError(f"plan {path} is not valid JSON ({e.msg} at line {e.lineno}); regenerate it with `wancompile plan`") from None
+            raise PlanError(
+                f"plan {path} is not valid JSON ({e.msg} at line {e.lineno}); regenerate it with `wancompile plan`"
+            ) from None
         return cls.from_json(data, str(path))
 
     def to_json(self) -> dict:
@@ -184,13 +188,23 @@ class Report:
         n = max(self.num_blocks, 1)
         cs = self.block_collectives()
         biggest = max((c.bytes for c in cs), default=0)
-        return Bill(tuple(BillEntry(c.kind, tuple(c.axes), c.bytes, c.count / n, c.where, c.bytes * SMALL_RATIO < biggest) for c in cs))
+        return Bill(
+            tuple(
+                BillEntry(c.kind, tuple(c.axes), c.bytes, c.count / n, c.where, c.bytes * SMALL_RATIO < biggest)
+                for c in cs
+            )
+        )
 
     def trace_bill(self) -> Bill:
         """The same bill counted from the trace's block rows (a cross-check of the plan's prediction)."""
         evs = [(c, r["loc"]) for r in self.rows("block") for c in r["collectives"]]
         biggest = max((c["bytes"] for c, _ in evs), default=0)
-        return Bill(tuple(BillEntry(c["kind"], tuple(c["axes"]), c["bytes"], 1, loc, c["bytes"] * SMALL_RATIO < biggest) for c, loc in evs))
+        return Bill(
+            tuple(
+                BillEntry(c["kind"], tuple(c["axes"]), c["bytes"], 1, loc, c["bytes"] * SMALL_RATIO < biggest)
+                for c, loc in evs
+            )
+        )
 
     def entry_constraint(self):
         """The block-stack entry constraint: the (B, L, D) tokens in the root module."""
@@ -215,14 +229,18 @@ class Report:
 
     def parallelism(self) -> str:
         mesh = self.plan.mesh
+
         def axes(a: tuple[str, ...]) -> str:
             n = 1
             for x in a:
                 n *= mesh.axis_size(x)
             return f"{'×'.join(a)} ({n})"
+
         sp, tp = self.sp_axes(), self.tp_axes()
-        parts = [f"SP: tokens over {axes(sp)}" if sp else "SP: none (tokens whole)",
-                 f"TP: attention heads over {axes(tp)}" if tp else "TP: none in self-attention"]
+        parts = [
+            f"SP: tokens over {axes(sp)}" if sp else "SP: none (tokens whole)",
+            f"TP: attention heads over {axes(tp)}" if tp else "TP: none in self-attention",
+        ]
         return "; ".join(parts)
 
     def decisions(self) -> list[DecisionView]:
@@ -233,7 +251,14 @@ class Report:
         out = []
         for seg, times in (("prologue", 1), ("block", self.num_blocks), ("epilogue", 1)):
             rows = self.rows(seg)
-            out.append((seg, times, sum(r["compute_s"] for r in rows), sum(c["seconds"] for r in rows for c in r["collectives"])))
+            out.append(
+                (
+                    seg,
+                    times,
+                    sum(r["compute_s"] for r in rows),
+                    sum(c["seconds"] for r in rows for c in r["collectives"]),
+                )
+            )
         return out
 
     def group_costs(self) -> list[tuple[str, float, float]]:

@@ -34,8 +34,21 @@ from planner.strategies import find_structure
 TRACE_VERSION = 1
 
 # Ops a reader looks for in the block table even when they move no data (the seed's rows).
-KERNELS = frozenset({"linear", "scaled_dot_product_attention", "layer_norm", "rms_norm", "conv3d", "conv2d",
-                     "matmul", "bmm", "baddbmm", "group_norm", "native_layer_norm"})
+KERNELS = frozenset(
+    {
+        "linear",
+        "scaled_dot_product_attention",
+        "layer_norm",
+        "rms_norm",
+        "conv3d",
+        "conv2d",
+        "matmul",
+        "bmm",
+        "baddbmm",
+        "group_norm",
+        "native_layer_norm",
+    }
+)
 
 
 def generic(where: str) -> str:
@@ -53,10 +66,15 @@ def show_state(meta: TensorMeta, layout: Optional[Layout]) -> str:
     return " × ".join(parts) + (f" +P({'·'.join(layout.partial)})" if layout.partial else "") if parts else "scalar"
 
 
-def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *,
-               num_blocks: Optional[int] = None) -> dict[str, Any]:
+def trace_plan(
+    graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *, num_blocks: Optional[int] = None
+) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or default_hardware(plan.mesh))
+    hw = (
+        hardware
+        if isinstance(hardware, HardwareProfile)
+        else get_profile(hardware or plan.hardware or default_hardware(plan.mesh))
+    )
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     st = find_structure(graph)
     n_blocks = num_blocks or _block_count(plan) or st.captured_blocks
@@ -64,8 +82,9 @@ def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None 
     by_loc = graph.by_location()
     forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
     constraint_spec = {by_loc[a.location].name: a.spec for a in plan.activations if a.location in by_loc}
-    layouts: dict[str, tuple[Layout, ...]] = {p.name: (Layout.from_spec(plan.params[p.param]),)
-                                              for p in graph.params() if p.param in plan.params}
+    layouts: dict[str, tuple[Layout, ...]] = {
+        p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params
+    }
     layouts.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})  # split inputs
     block_root = _block_root(graph)
     macro_of = {x: m.name for m in st.block_macros for x in m.nodes}
@@ -87,14 +106,27 @@ def trace_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None 
         "captured_blocks": st.captured_blocks,
         "tokens": str(st.tokens),
         "block_module": block_root.get(0, "blocks.0"),
-        "params": {p.param: {"shape": [_dim(d) for d in p.out.shape], "dtype": p.out.dtype, "block": p.block}
-                   for p in graph.params() if p.block in (None, 0)},
+        "params": {
+            p.param: {"shape": [_dim(d) for d in p.out.shape], "dtype": p.out.dtype, "block": p.block}
+            for p in graph.params()
+            if p.block in (None, 0)
+        },
         "ops": rows,
     }
 
 
-def _row(graph: Graph, node: Node, layouts, ev, segment: str, block_root: dict, macro_of: dict, root_macro_of: dict,
-         constraint_spec: dict, plan: Plan) -> dict[str, Any]:
+def _row(
+    graph: Graph,
+    node: Node,
+    layouts,
+    ev,
+    segment: str,
+    block_root: dict,
+    macro_of: dict,
+    root_macro_of: dict,
+    constraint_spec: dict,
+    plan: Plan,
+) -> dict[str, Any]:
     weights, ins = [], []
     for i in node.inputs:
         src = graph[i]
@@ -102,13 +134,19 @@ def _row(graph: Graph, node: Node, layouts, ev, segment: str, block_root: dict, 
             continue
         lay = layouts.get(i, (None,))[0] if layouts.get(i) else None
         if src.is_param:
-            weights.append(f"{src.param.rsplit('.', 1)[-1]} {format_spec(plan.params.get(src.param, (None,) * len(src.out.shape)))}")
+            weights.append(
+                f"{src.param.rsplit('.', 1)[-1]} {format_spec(plan.params.get(src.param, (None,) * len(src.out.shape)))}"
+            )
         else:
             ins.append(show_state(src.out, lay))
     out_lay = layouts[node.name][0] if layouts.get(node.name) else None
     module = node.module
     root = block_root.get(0, "")
-    rel = module[len(root) + 1:] if segment == "block" and module.startswith(root + ".") else ("" if segment == "block" else module)
+    rel = (
+        module[len(root) + 1 :]
+        if segment == "block" and module.startswith(root + ".")
+        else ("" if segment == "block" else module)
+    )
     group = macro_of.get(node.name) or root_macro_of.get(node.name) or (rel.split(".")[0] if rel else "") or segment
     return {
         "loc": generic(str(node.location)),
@@ -122,8 +160,10 @@ def _row(graph: Graph, node: Node, layouts, ev, segment: str, block_root: dict, 
         "out": show_state(node.out, out_lay) if node.outputs else "",
         "constraint": format_spec(constraint_spec[node.name]) if node.name in constraint_spec else "",
         "module_output": _is_module_output(graph, node),
-        "collectives": [{"kind": e.kind, "axes": list(e.axes), "bytes": int(e.bytes), "reason": e.reason,
-                         "seconds": e.seconds} for e in ev.events],
+        "collectives": [
+            {"kind": e.kind, "axes": list(e.axes), "bytes": int(e.bytes), "reason": e.reason, "seconds": e.seconds}
+            for e in ev.events
+        ],
         "compute_s": ev.compute_seconds,
         "flops": ev.flops,
     }

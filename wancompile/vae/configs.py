@@ -12,18 +12,42 @@ import torch
 
 VAE_CONFIGS: dict[str, dict[str, Any]] = {
     # Wan 2.1 VAE, used by Wan 2.2 T2V/I2V-A14B (diffusers' AutoencoderKLWan defaults)
-    "wan2.1": dict(base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                   temperal_downsample=[False, True, True]),
+    "wan2.1": dict(
+        base_dim=96, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=2, temperal_downsample=[False, True, True]
+    ),
     # Wan 2.2 VAE of TI2V-5B: 16x spatial, residual up/down blocks, patch size 2
-    "wan2.2": dict(base_dim=160, decoder_base_dim=256, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=2,
-                   temperal_downsample=[False, True, True], is_residual=True, patch_size=2, in_channels=12,
-                   out_channels=12, scale_factor_temporal=4, scale_factor_spatial=16),
-    "tiny-wan2.1": dict(base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
-                        temperal_downsample=[False, True, True]),
+    "wan2.2": dict(
+        base_dim=160,
+        decoder_base_dim=256,
+        z_dim=48,
+        dim_mult=[1, 2, 4, 4],
+        num_res_blocks=2,
+        temperal_downsample=[False, True, True],
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        scale_factor_temporal=4,
+        scale_factor_spatial=16,
+    ),
+    "tiny-wan2.1": dict(
+        base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]
+    ),
     # decoder at 8 channels (base_dim only sizes the encoder, which decoding never runs)
-    "tiny-wan2.2": dict(base_dim=4, decoder_base_dim=8, z_dim=48, dim_mult=[1, 2, 4, 4], num_res_blocks=1,
-                        temperal_downsample=[False, True, True], is_residual=True, patch_size=2, in_channels=12,
-                        out_channels=12, scale_factor_temporal=4, scale_factor_spatial=16),
+    "tiny-wan2.2": dict(
+        base_dim=4,
+        decoder_base_dim=8,
+        z_dim=48,
+        dim_mult=[1, 2, 4, 4],
+        num_res_blocks=1,
+        temperal_downsample=[False, True, True],
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        scale_factor_temporal=4,
+        scale_factor_spatial=16,
+    ),
 }
 
 

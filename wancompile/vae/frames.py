@@ -117,7 +117,9 @@ def up_block(block: nn.Module, x: torch.Tensor, history: CausalHistory, name: st
     return x
 
 
-def upsample(resample: nn.Module, x: torch.Tensor, history: CausalHistory, name: str, first_chunk: bool) -> torch.Tensor:
+def upsample(
+    resample: nn.Module, x: torch.Tensor, history: CausalHistory, name: str, first_chunk: bool
+) -> torch.Tensor:
     """`WanResample.forward` for the decoder's modes: temporal doubling (`upsample3d`), then per frame 2x."""
     if resample.mode == "upsample3d":
         x = double_frames(resample, x, history, name, first_chunk)
@@ -144,7 +146,9 @@ def upsample_2x(upsampler: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return x[:, :, :, None, :, None].expand(n, c, h, 2, w, 2).reshape(n, c, 2 * h, 2 * w)
 
 
-def double_frames(resample: nn.Module, x: torch.Tensor, history: CausalHistory, name: str, first_chunk: bool) -> torch.Tensor:
+def double_frames(
+    resample: nn.Module, x: torch.Tensor, history: CausalHistory, name: str, first_chunk: bool
+) -> torch.Tensor:
     """Frame 0 stays one frame; every later frame becomes two through `time_conv`.
 
     The streaming decode marks `time_conv`'s cache `"Rep"` on frame 0 and skips the conv, then runs
