@@ -10,7 +10,7 @@ halved: one branch per half, the batch-1 plan on the submesh; by default only th
 not what GSPMD compiles exactly, see planner/cfg.py). For reference the table also gives two
 sequential batch-1 forwards on the whole mesh (what WanPipeline runs without CFG batching). Printed as
 a markdown table: predicted ms per step (compute + comm), GB per device, the option chosen under
-``auto``, and where an option has no plan, the budget and the planner's lower bound on what it needs.
+``auto``, and where an option has no plan, the budget and the smallest budget that plans it (solved).
 Rows for both experts resident (the A14B pipeline) and for one.
 """
 
@@ -38,7 +38,7 @@ def _cell(o, hw) -> str:
             f"({o.memory_bytes_per_device / 1e9:.1f} GB)"
         )
     if o.memory_needed_bytes is not None:
-        return f"no plan fits {float(hw.dram_bytes) / 1e9:.0f} GB (bound ≥ {o.memory_needed_bytes / 1e9:.1f})"
+        return f"no plan fits {float(hw.dram_bytes) / 1e9:.0f} GB (needs {o.memory_needed_bytes / 1e9:.1f})"
     return f"no plan: {o.reason}"
 
 
