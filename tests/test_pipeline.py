@@ -311,3 +311,44 @@ def _order_main(order: str) -> None:
 
 if __name__ == "__main__":
     _order_main(sys.argv[1])
+
+
+def test_cfg_auto_runs_two_forwards_when_no_batch2_plan_fits_memory():
+    """cfg_parallel="auto": a CFG pair whose batch-2 forward has no plan within the budget runs as diffusers
+    runs it (two forwards per step) instead of failing; "on" keeps the error."""
+    from planner.plan import MemoryBudgetError
+    from wancompile.models import build_tiny_pipeline
+    from wancompile.pipeline import CFGBatched, _capture_negative_prompt, _CFGState
+
+    class NoBatch2(torch.nn.Module):  # stands in for the compiled transformer under a tight budget
+        def __init__(self, module):
+            super().__init__()
+            self.module, self.calls = module, []
+
+        def forward(self, hidden_states, *args, **kwargs):
+            self.calls.append(hidden_states.shape[0])
+            if hidden_states.shape[0] == 2:
+                raise RuntimeError("backend failed") from MemoryBudgetError(
+                    "no plan fits 1e-06 GB", budget_gb=1e-6, need_gb=1e-3
+                )
+            return self.module(hidden_states, *args, **kwargs)
+
+    pipe = build_tiny_pipeline(two_experts=False)
+    pipe.set_progress_bar_config(disable=True)
+    ref = _run(pipe, "latent")
+    for mode in ("auto", "on"):
+        cfg, inner = _CFGState(mode), NoBatch2(pipe.transformer)
+        wrapped = CFGBatched(inner, pipe.transformer, cfg)
+        _capture_negative_prompt(pipe, cfg)
+        original, pipe.transformer = pipe.transformer, wrapped
+        try:
+            if mode == "on":
+                with pytest.raises(RuntimeError, match="backend failed"):
+                    _run(pipe, "latent")
+                continue
+            out = _run(pipe, "latent")
+        finally:
+            pipe.transformer = original
+            del pipe.__dict__["encode_prompt"]
+        assert cfg.unbatched.startswith("no plan fits") and inner.calls == [2] + [1] * (2 * STEPS)
+        assert torch.equal(out, ref)

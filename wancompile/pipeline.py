@@ -141,7 +141,7 @@ def compile_pipeline(
     if dump is not None:
         dit_opts["dump_dir"] = str(dump / "transformer")
     if state.cfg_parallel:
-        state.cfg = _CFGState()
+        state.cfg = _CFGState(cfg_mode)
         _capture_negative_prompt(pipe, state.cfg)
     for name in names:
         module = getattr(pipe, name)
@@ -290,8 +290,11 @@ def resident_weight_bytes(programs) -> int:
 class _CFGState:
     """The uncond prompt embeddings of the pipeline call in progress, shared by its transformers."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "on") -> None:
+        self.mode = mode  # "on" or "auto" (the backend's cfg_parallel for the batch-2 graph)
         self.negative: Optional[torch.Tensor] = None
+        # "auto" only: why batching was given up (no batch-2 plan fits memory); then two forwards per step
+        self.unbatched: Optional[str] = None
         self.batched = 0  # batch-2 forwards run
         self.served = 0  # uncond calls answered from a batch-2 forward
         self.fallthrough = 0  # calls that ran as plain forwards
@@ -387,18 +390,38 @@ class CFGBatched(torch.nn.Module):
         if (
             context == "cond"
             and negative is not None
+            and cfg.unbatched is None
             and not args
             and not kwargs
             and negative.shape == encoder_hidden_states.shape
         ):
             n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
-            out = self.inner(
-                hidden_states=torch.cat([hidden_states, hidden_states]),
-                timestep=torch.cat([timestep, timestep]),
-                encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
-                attention_kwargs=attention_kwargs,
-                return_dict=False,
-            )[0]
+            try:
+                out = self.inner(
+                    hidden_states=torch.cat([hidden_states, hidden_states]),
+                    timestep=torch.cat([timestep, timestep]),
+                    encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
+                    attention_kwargs=attention_kwargs,
+                    return_dict=False,
+                )[0]
+            except Exception as e:
+                budget = _memory_budget_error(e)
+                if cfg.mode != "auto" or budget is None:
+                    raise
+                # "auto": the cost model's answer for a CFG pair that does not fit is two forwards
+                cfg.unbatched = str(budget)
+                log.warning(
+                    "compile_pipeline: no batch-2 plan fits memory (%s); running cond and uncond as two "
+                    "forwards per step",
+                    budget,
+                )
+                return self.forward(
+                    hidden_states,
+                    timestep,
+                    encoder_hidden_states,
+                    return_dict=return_dict,
+                    attention_kwargs=attention_kwargs,
+                )
             cond, uncond = out.chunk(2)
             pending = tuple((v, v._version) for v in (hidden_states, timestep, n)) + (attention_kwargs, uncond)
             object.__setattr__(self, "_pending", pending)
@@ -414,6 +437,17 @@ class CFGBatched(torch.nn.Module):
             attention_kwargs=attention_kwargs,
             **kwargs,
         )
+
+
+def _memory_budget_error(e: BaseException):
+    """The planner's `MemoryBudgetError` behind `e` (dynamo wraps backend errors), else None."""
+    from planner.plan import MemoryBudgetError
+
+    while e is not None:
+        if isinstance(e, MemoryBudgetError):
+            return e
+        e = getattr(e, "inner_exception", None) or e.__cause__
+    return None
 
 
 def _output(sample: torch.Tensor, return_dict: bool):
