@@ -16,11 +16,12 @@ A graph that mutates an input, draws random numbers, copies a device value to th
 not replayed: it is traced per call, and ``ShardedProgram.not_replayed`` says why.
 
 Why not torch_xla's dynamo bridge itself (the ``openxla_eval`` backend): it re-sorts the FX graph by
-data edges (the RoPE write-order bug), and with SPMD and an in-graph constraint that reshards (the
-block-stack SP entry, the K/V gather) torch_xla 2.9's bridge fails on its first replay with "Trying to
-access XLA data for tensor ... while an async operation is in flight: UNKNOWN_SCALAR[]"
-(tests/test_lowering.py pins this). The ``openxla`` AOT path rejects in-graph annotations altogether
-(DESIGN.md §4).
+data edges, which runs diffusers' RoPE writes after their reads (docs/numerics.md). Its other failure
+under SPMD ("Trying to access XLA data for tensor ... while an async operation is in flight:
+UNKNOWN_SCALAR[]" on the first replay) was not the resharding constraints: it was the host round trip
+dynamo bakes into diffusers' ``t.to(x.device)``, which `wancompile.legalize` drops — with it gone the
+bridge replays the hand plan (tests/test_lowering.py pins both). The ``openxla`` AOT path rejects
+in-graph annotations altogether (DESIGN.md §4).
 
 This is the only module that imports torch_xla's SPMD API.
 """
