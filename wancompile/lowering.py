@@ -189,15 +189,16 @@ class Replay:
         outs = [t for t in leaves if isinstance(t, torch.Tensor)]
         written = C._check_tensor_need_materialization([a for _, a in tensor_args])
         mutated = [i for (i, _), w in zip(tensor_args, written) if w]
-        why = refuse
-        if why:
-            pass
-        elif mutated:
-            why = "the graph writes into one of its inputs"
-        elif host_reads:
-            why = "the graph copies a device value to the host mid-program (a replay would freeze it)"
-        elif not all(C._check_tensor_need_materialization(outs)):
-            why = "the graph returns an input (or a constant) unchanged"
+        why = (
+            refuse
+            or (mutated and "the graph writes into one of its inputs")
+            or (host_reads and "the graph copies a device value to the host mid-program (a replay would freeze it)")
+            or (
+                not all(C._check_tensor_need_materialization(outs))
+                and "the graph returns an input (or a constant) unchanged"
+            )
+            or ""
+        )
         if why:
             torch_xla.sync()
             return None, out, why, mutated
