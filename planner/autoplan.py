@@ -59,6 +59,7 @@ def plan_graph(
     sequence_parallel: bool = True,
     only: Optional[Mapping[str, str]] = None,
     batch_axes: tuple[str, ...] = (),
+    stream_layouts: bool = True,
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -80,6 +81,9 @@ def plan_graph(
             macro may use otherwise (CFG parallel: ``("cfg",)``, `planner.cfg`); parameters stay
             replicated over them. Batch-carrying = the values whose propagated layout, from the
             batch-split model inputs, keeps the split on dim 0 (the op rules decide, no name lists).
+        stream_layouts: offer the split stream layouts between macros (STATE B: hidden split over
+            the TP axes; sequence-parallel Megatron: tokens also split over them) besides STATE A
+            (hidden whole). False: STATE A only, the seed's plans.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
@@ -90,7 +94,7 @@ def plan_graph(
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
     ctx, groups, edges, tables, excluded = _build(
-        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes)
+        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes), stream_layouts
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -107,7 +111,9 @@ def plan_graph(
     except Infeasible:
         need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
         need_gb = budget_gb(need_kib, fixed)
-        meshes = _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only)
+        meshes = _larger_meshes(
+            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts
+        )
         advice = (
             ", or use a larger mesh: "
             + "; ".join(f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes)
@@ -138,9 +144,12 @@ def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
         raise PlanError(str(e)) from None
 
 
-def _build(graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=()):
+def _build(
+    graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=(), stream_layouts=True
+):
     st = find_structure(graph)
-    ctx = _Ctx(graph, mesh, hw, st, num_blocks or st.captured_blocks, weight_copies, dict(values or {}), batch_axes)
+    n = num_blocks or st.captured_blocks
+    ctx = _Ctx(graph, mesh, hw, st, n, weight_copies, dict(values or {}), batch_axes, stream_layouts)
     ctx.sequence_parallel = sequence_parallel
     ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
@@ -158,13 +167,17 @@ def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
     return [MeshSpec(tuple(s), tuple(names) if names else ("batch", "model")) for s in shapes]
 
 
-def _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only):
+def _larger_meshes(
+    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts=True
+):
     """(mesh, smallest budget that plans there) for the system meshes larger than `mesh` whose
     smallest plan fits `budget`; at most the two smallest."""
     out = []
     for m in _system_meshes(mesh):
         try:
-            ctx, groups, *_ = _build(graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only)
+            ctx, groups, *_ = _build(
+                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts
+            )
             fixed = ctx.fixed_param_bytes()
             need = budget_gb(min_memory_kib(groups)[0], fixed)
         except (PlanError, Infeasible):
@@ -187,6 +200,7 @@ class _Ctx:
         copies: int,
         vals: dict,
         batch_axes: tuple[str, ...] = (),
+        stream_layouts: bool = True,
     ):
         self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
         self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
@@ -194,6 +208,7 @@ class _Ctx:
         self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
+        self.hidden = graph[st.entry].out.shape[-1] if stream_layouts else None
 
     # --- pricing ------------------------------------------------------------------------------
 
@@ -253,8 +268,10 @@ class _Ctx:
             return s
         return dc_replace(s, forced={k: self.lift(k, v) for k, v in s.forced.items()})
 
-    def stream(self, sigma) -> Layout:
-        return Layout((self.batch_axes, tuple(sigma), ()))
+    def stream(self, key) -> Layout:
+        """The (B, L, D) stream's layout under a stream key (token axes, hidden axes)."""
+        tokens, hidden = key
+        return Layout((self.batch_axes, tuple(tokens), tuple(hidden)))
 
     def crossing(self, m: Macro) -> list[str]:
         inside = set(m.nodes)
@@ -274,7 +291,7 @@ class _Ctx:
         boundary.update({p: (lay,) for p, lay in s.params.items()})
         if m.in_block:
             for x in self.crossing(m):
-                boundary[x] = (self.stream(s.sigma),)
+                boundary[x] = (self.stream(s.stream),)
         return evaluate(
             self.g,
             [self.g[x] for x in m.nodes],
@@ -301,9 +318,9 @@ class _Ctx:
             total += as_number(node.out.nbytes, self.vals)
         return total * self.copies
 
-    def ends(self, sigma) -> Evaluation:
-        """Prologue + epilogue with the block stack entered and left in layout sigma."""
-        entry = {self.st.entry: self.stream(sigma)}
+    def ends(self, key) -> Evaluation:
+        """Prologue + epilogue with the block stack entered and left in stream layout `key`."""
+        entry = {self.st.entry: self.stream(key)}
         rest = [self.g[x] for x in self.st.prologue if not any(x in r.nodes for r in self.st.root_macros)]
         pro = evaluate(self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals)
         boundary = dict(self.base)
@@ -314,7 +331,7 @@ class _Ctx:
                     and self.g[i].outputs
                     and self.g[i].out.shape == self.g[self.st.entry].out.shape
                 ):
-                    boundary[i] = (self.stream(sigma),)
+                    boundary[i] = (self.stream(key),)
         exit_ = self.g[self.st.exit]
         epi = evaluate(
             self.g,
@@ -338,11 +355,18 @@ class _Ctx:
         ends = {}
         for m in self.st.block_macros + self.st.root_macros:
             opts, why = strategies(
-                self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals, exclude=self.batch_axes
+                self.g,
+                m,
+                self.mesh,
+                self.st.tokens,
+                tile=self.hw.tile,
+                values=self.vals,
+                exclude=self.batch_axes,
+                hidden=self.hidden,
             )
             opts = [self.lift_strategy(s) for s in opts]
             if not getattr(self, "sequence_parallel", True):
-                opts = [s for s in opts if not s.sigma]
+                opts = [s for s in opts if not s.sigma and not s.stream[0]]
             if m.name in getattr(self, "only", {}):
                 pattern = self.only[m.name]
                 kept = [s for s in opts if re.search(pattern, s.name)]
@@ -359,14 +383,14 @@ class _Ctx:
                 self.evals[m.name, s.name] = ev
                 once = 0
                 if m.name == first:
-                    if s.sigma not in ends:
-                        ends[s.sigma] = self.ends(s.sigma)
-                    once = to_ns(ends[s.sigma].seconds)
+                    if s.stream not in ends:
+                        ends[s.stream] = self.ends(s.stream)
+                    once = to_ns(ends[s.stream].seconds)
                 # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
                 options.append(
                     Option(
                         s.name,
-                        s.sigma,
+                        s.stream,
                         to_ns(ev.seconds),
                         once,
                         math.ceil(self.param_bytes(m, s) / KIB),
@@ -397,7 +421,7 @@ class _Ctx:
                 if src != m.name:
                     crossings.setdefault((src, m.name), []).append(x)
         crossings.setdefault((last, first), []).append(self.st.block_output)
-        keys = {m.name: {s.sigma for s in tables[m.name]} for m in macros}
+        keys = {m.name: {s.stream for s in tables[m.name]} for m in macros}
         out = []
         for (a, b), tensors in crossings.items():
             cost = {
@@ -422,6 +446,7 @@ class _Ctx:
                         i
                         for i, s in enumerate(opts)
                         if (s.sigma if g.count > 1 else ()) == (want[0] if g.count > 1 else ())
+                        and s.stream == (s.sigma, ())
                         and s.tp == want[1]
                         and not s.fsdp
                         and not s.ulysses
@@ -532,7 +557,7 @@ class _Ctx:
 
     def assemble(self, chosen: dict[str, Strategy], res, decisions, model: str) -> Plan:
         first = self.st.block_macros[0]
-        sigma0 = chosen[first.name].sigma
+        sigma0 = chosen[first.name].stream
         ends = self.ends_evals[sigma0]
         events: Counter = Counter()
         compute = ends.compute_seconds
@@ -562,7 +587,8 @@ class _Ctx:
         )
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
-        self._sigmas = [chosen[m.name].sigma for m in self.st.block_macros]
+        self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
+        self._split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
         acts = self._activations(forced_block, sigma0)
         memory = (
             sum(
@@ -585,7 +611,7 @@ class _Ctx:
             ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
         )
         memory += act_peak * 3
-        nsp = shard_count(self.mesh, sigma0)
+        nsp = shard_count(self.mesh, sigma0[0])
         if self.hw.tile > 1 and nsp > 1:
             guards.append(
                 Guard(str(self.st.tokens), nsp * self.hw.tile, f"{self.hw.tile}-token tiles per device; otherwise pad")
@@ -621,11 +647,11 @@ class _Ctx:
         return as_number(numel(local_shape(meta.shape, lay, self.mesh)), self.vals) * meta.itemsize
 
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple]]:
-        """Stream values crossing into a macro with another sigma: (producer, from, to)."""
+        """Stream values crossing into a macro with another stream key: (producer, from, to)."""
         out, seen = [], set()
         macros = self.st.block_macros
         first = macros[0]
-        key = {m.name: chosen[m.name].sigma for m in macros}
+        key = {m.name: chosen[m.name].stream for m in macros}
         if key[macros[-1].name] != key[first.name]:
             out.append((self.st.block_output, key[macros[-1].name], key[first.name]))
             seen.add(self.st.block_output)
@@ -635,6 +661,27 @@ class _Ctx:
                 if x not in seen and key[src] != key[m.name]:
                     out.append((x, key[src], key[m.name]))
                     seen.add(x)
+        return out
+
+    def _side_inputs(self) -> list[str]:
+        """Non-parameter values made before the block stack that block 0 or the epilogue read,
+        except the stream."""
+        out: list[str] = []
+        prologue, epilogue = set(self.st.prologue), set(self.st.epilogue)
+        for node in self.g:
+            if node.block != 0 and node.name not in epilogue:
+                continue
+            for i in node.inputs:
+                src = self.g[i]
+                if (
+                    i in prologue
+                    and not src.is_param
+                    and src.outputs
+                    and i != self.st.entry
+                    and src.op != "placeholder"
+                    and i not in out
+                ):
+                    out.append(i)
         return out
 
     def _params(self, chosen) -> dict:
@@ -664,7 +711,7 @@ class _Ctx:
                 reason="block-stack entry: tokens split over the SP axes (a transpose copy, not a reshape)",
             )
         ]
-        if entry.op == "pad" and any(sigma0):
+        if entry.op == "pad" and any(sigma0[0]):
             # sp_pad's token padding: keep its input whole, so the split starts after the pad (a free
             # local slice). Left to propagation, GSPMD splits the unpadded tokens and shifts them into
             # the padded shards with a collective-permute (45 -> 64 tokens over 4: 12 vs 16 per device).
@@ -698,6 +745,22 @@ class _Ctx:
                         "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)",
                     )
                 )
+        if self._split_stream:
+            # With the stream split beyond σ, GSPMD propagates that split backwards into the
+            # unconstrained prologue (measured: the timestep projection all-reduced on a contraction
+            # it chose to split): the values the blocks read from the prologue keep the rules' layout.
+            pinned = {a.location for a in acts}
+            for x in self._side_inputs():
+                node = self.g[x]
+                if node.location not in pinned and self.base.get(x):
+                    acts.append(
+                        ActivationConstraint(
+                            node.location,
+                            self.base[x][0].to_spec(),
+                            node.out.shape,
+                            reason="prologue value the blocks read, kept in its planned layout",
+                        )
+                    )
         exit_ = self.g[self.st.exit]
         exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
         acts.append(

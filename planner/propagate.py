@@ -7,7 +7,10 @@ required one the engine inserts a redistribution and prices it with the cost mod
 - an axis dropped from a dim: all-gather (result bytes), grouped per dim;
 - an axis moved from one dim to another: all-to-all (operand bytes);
 - an axis added: a local slice, free;
-- partial sums dropped: all-reduce (operand bytes);
+- partial sums dropped: all-reduce (operand bytes); dropped onto a dim the required layout splits
+  over the same axes: reduce-scatter (operand bytes) — what XLA's GPU ``ReduceScatterCreator`` and
+  tt-mlir's Shardy CCL canonicalisation make of GSPMD's all-reduce + dynamic-slice (the XLA CPU
+  pipeline leaves the pair; `wancompile.hlo` reads it as the reduce-scatter it is);
 - the same axes in another order on a dim: collective-permute.
 
 Forced layouts (the plan's activation constraints, the strategies' choices) are applied after the
@@ -69,7 +72,16 @@ def redistribute(
     cur = actual
     if actual.partial and set(actual.partial) - set(required.partial):
         axes = tuple(a for a in actual.partial if a not in required.partial)
-        out.append(("all-reduce", axes, local_shape(meta.shape, cur, mesh)))
+        have = {a for d in cur.dims for a in d}
+        scatter = {d: tuple(a for a in want if a in axes and a not in have) for d, want in enumerate(required.dims)}
+        scatter = {d: a for d, a in scatter.items() if a}
+        reduced = tuple(a for a in axes if not any(a in s for s in scatter.values()))
+        if reduced:
+            out.append(("all-reduce", reduced, local_shape(meta.shape, cur, mesh)))
+        for d, sc in scatter.items():
+            # the partial sums land split on dim d: one reduce-scatter, not an all-reduce + slice
+            out.append(("reduce-scatter", sc, local_shape(meta.shape, cur, mesh)))
+            cur = cur.with_dim(d, tuple(a for a in required.dims[d] if a in cur.dims[d] or a in sc))
         cur = Layout(cur.dims, tuple(a for a in cur.partial if a in required.partial))
     src = {a: d for d, axes in enumerate(cur.dims) for a in axes}
     dst = {a: d for d, axes in enumerate(required.dims) for a in axes}
@@ -116,6 +128,7 @@ def evaluate(
     """
     ev = Evaluation()
     ev.layouts.update(boundary)
+    reduced: dict[str, int] = {}  # node -> index of the all-reduce of its partial sums in ev.events
     for node in nodes:
         if node.op in ("placeholder", "output") or node.name in boundary:
             if node.op == "placeholder" and node.name not in ev.layouts:
@@ -136,7 +149,7 @@ def evaluate(
             ev.warnings.append(
                 f"{node.location}: no sharding rule for op {node.op!r}; planned replicated (all inputs gathered)"
             )
-        view = OpView(node, ins, metas, mesh)
+        view = OpView(node, ins, metas, mesh, wanted=forced.get(node.name))
         res = fn(view)
         ev.guards.extend(res.guards)
         for i, (have, want) in enumerate(zip(ins, res.required)):
@@ -156,6 +169,8 @@ def evaluate(
                 )
         for c in res.comm:
             nbytes = _bytes(c.shape, c.itemsize, values)
+            if c.kind == "all-reduce":
+                reduced[node.name] = len(ev.events)
             ev.events.append(
                 CommEvent(
                     c.kind,
@@ -169,7 +184,10 @@ def evaluate(
         outs = res.outputs
         if node.name in forced and outs:
             want = forced[node.name]
-            for kind, axes, shape in redistribute(node.out, outs[0], want, mesh):
+            moves = redistribute(node.out, outs[0], want, mesh)
+            if not moves:
+                _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw)
+            for kind, axes, shape in moves:
                 nbytes = _bytes(shape, node.out.itemsize, values)
                 ev.events.append(
                     CommEvent(
@@ -202,6 +220,34 @@ def evaluate(
             ),
         )
     return ev
+
+
+_PASS_THROUGH = ("dropout", "contiguous", "clone")
+
+
+def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw) -> None:
+    """An all-reduce whose value's only consumer (past pass-throughs) is sliced over the same axes
+    right after is a reduce-scatter: GSPMD emits the pair, the compilers fuse it (`redistribute`)."""
+    if not added:
+        return
+    for name in node.inputs:
+        src = graph[name]
+        while src.op in _PASS_THROUGH and src.name not in reduced and len(graph.users(src.name)) == 1:
+            src = graph[src.inputs[0]]
+        i = reduced.get(src.name)
+        if i is None or set(ev.events[i].axes) != added or len(graph.users(src.name)) != 1:
+            continue
+        e = ev.events[i]
+        ev.events[i] = CommEvent(
+            "reduce-scatter",
+            e.axes,
+            e.bytes,
+            e.where,
+            e.reason + ", sliced by the next op",
+            collective_seconds("reduce-scatter", e.bytes, e.axes, mesh, hw),
+        )
+        del reduced[src.name]
+        return
 
 
 def _selects_output(graph: Graph, node: Node) -> bool:

@@ -33,7 +33,15 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # mesh -> (devices, cases); a case is (name, backend options, only= restriction or None)
 MESHES = {
-    "2x4": (8, [("auto", {"memory_gb": 0.00025}, None), ("ulysses", {}, {"attn1": r"^Ulysses\(batch\)$"})]),
+    "2x4": (
+        8,
+        [
+            ("auto", {"memory_gb": 0.00025}, None),
+            ("ulysses", {}, {"attn1": r"^Ulysses\(batch\)$"}),
+            ("state-b", {}, {m: r"\+SP\(batch\)\+hidden\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+            ("sp-megatron", {}, {m: r"\+SP\(batch\)\+seq\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+        ],
+    ),
     "1x8": (8, [("auto", {"memory_gb": 0.0003}, None)]),
     "8x4": (32, [("auto", {"memory_gb": 0.0002}, None)]),
     "2x2": (4, [("ulysses-tp-major", {}, {"attn1": r"^Ulysses\(model\+batch\)$"})]),
@@ -72,6 +80,13 @@ def test_compiled_collectives_are_the_plans(mesh):
         if row["case"] == "auto":
             # the budget forces weight sharding: the plan is not the replicated default
             assert any("FSDP" in s for s in strategies.values()), strategies
+        elif row["case"] in ("state-b", "sp-megatron"):
+            # the stream between macros split beyond the SP axes: the row-parallel sums are
+            # reduce-scattered (3 per block, 2 blocks) and gathered before each column-parallel input
+            suffix = "+hidden(model)" if row["case"] == "state-b" else "+seq(model)"
+            assert all(s.endswith(suffix) for k, s in strategies.items() if k.startswith("blocks.")), strategies
+            rs = [(m["axes"], m["observed_count"]) for m in row["matches"] if m["kind"] == "reduce-scatter"]
+            assert rs == [(["model"], 6)], row["table"]
         else:
             assert strategies["blocks.*.attn1 (x2)"].startswith("Ulysses"), strategies
             a2a = [m for m in row["matches"] if m["kind"] == "all-to-all"]
@@ -86,12 +101,13 @@ def test_compiled_collectives_are_the_plans(mesh):
 # --- the subprocess -------------------------------------------------------------------------------
 
 
-def _main(mesh: str) -> None:
+def _main(mesh: str, only_cases: tuple[str, ...] = ()) -> None:
     import tempfile
 
     from wancompile import runtime
 
     _, cases = MESHES[mesh]
+    cases = [c for c in cases if not only_cases or c[0] in only_cases]
     dump = Path(tempfile.mkdtemp(prefix=f"wancompile-fidelity-{mesh}-"))
     runtime.configure(num_devices=MESHES[mesh][0], dump_dir=dump / "hlo")
 
@@ -141,11 +157,15 @@ def _main(mesh: str) -> None:
             "hlo": str(program.hlo_path),
         }
         print("FIDELITY " + json.dumps(row), flush=True)
-        print(f"{mesh} {name}: {result}; " + "; ".join(f"{k}: {v}" for k, v in row["strategies"].items()), flush=True)
+        print(
+            f"{mesh} {name}: {result}; hlo {row['hlo']}; "
+            + "; ".join(f"{k}: {v}" for k, v in row["strategies"].items()),
+            flush=True,
+        )
         for line in row["table"]:
             print("   ", line, flush=True)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    _main(sys.argv[1])
+    _main(sys.argv[1], tuple(sys.argv[2:]))  # python tests/test_fidelity.py MESH [CASE ...]

@@ -117,7 +117,7 @@ def test_auto_plan_md_golden(auto_dir):
 | model | tiny -- 2 blocks, 48 tokens per forward |
 | mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
 | hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
-| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 113 variables, 49 constraints |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 380 variables, 97 constraints |
 | predicted per forward | 0.478 ms = compute 0.324 ms (68 %) + comm 0.154 ms (32 %), no overlap assumed |
 | roofline | 3.97 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0443 us, so compute is 7311.0x its FLOP bound (memory-bound ops and launch floors make up the rest) |
 | memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
@@ -224,14 +224,14 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
 - plan total 0.478 ms per forward (SP(batch)+FSDP: 0.165 ms of it)
 - next best: SP(batch), plan total 0.480 ms (+0.001 ms: this macro -0.053 ms, stream-layout edges +0.000 ms, other macros +0.054 ms (attn1 -> SP(batch)+KV-gather+FSDP to fit the memory budget))
-- SP(batchxmodel) is cheaper on its own (0.112 ms) but its best plan totals 0.506 ms: this macro -0.053 ms, stream-layout edges +0.021 ms, other macros +0.060 ms (attn1 -> SP(batch)+KV-gather+FSDP, ffn -> SP(batchxmodel)+FSDP, condition_embedder.time_embedder -> replicated)
+- SP(batchxmodel) is cheaper on its own (0.112 ms) but its best plan totals 0.490 ms: this macro -0.053 ms, stream-layout edges +0.021 ms, other macros +0.044 ms (attn1 -> head-TP(batch)+seq(batch), ffn -> Megatron(model)+SP(batch)+seq(model), condition_embedder.time_embedder -> replicated)
 - collectives it implies (per call): all-gather on batch 8.0 KiB at `blocks.*.attn2.to_q:linear#0`, all-gather on batch 896 B at `blocks.*.attn2.to_k:linear#0`, all-gather on batch 896 B at `blocks.*.attn2.to_v:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn2.to_out.0:linear#0`
 
 ### blocks.*.ffn (x2): Megatron(model)+SP(batch)
 
 - **chosen** `Megatron(model)+SP(batch)`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
 - **best rejected** `Megatron(model)+SP(batch)+FSDP`: the best plan with it instead costs 0.490 ms per forward (+0.011 ms)
-- other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `SP(batch)+FSDP` 0.070 ms, `Megatron(batch)+SP(model)` 0.072 ms
+- other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `Megatron(batch)+SP(model)+seq(batch)` 0.070 ms, `SP(batch)+FSDP` 0.070 ms
 - plan total 0.478 ms per forward (Megatron(model)+SP(batch): 0.097 ms of it)
 - next best: Megatron(model)+SP(batch)+FSDP, plan total 0.490 ms (+0.011 ms: this macro +0.026 ms, stream-layout edges +0.000 ms, other macros -0.015 ms (condition_embedder.time_embedder -> replicated))
 - SP(batchxmodel) is cheaper on its own (0.042 ms) but its best plan totals 0.510 ms: this macro -0.054 ms, stream-layout edges +0.021 ms, other macros +0.065 ms (attn1 -> SP(batch)+KV-gather+FSDP, condition_embedder.time_embedder -> Megatron(model))

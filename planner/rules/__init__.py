@@ -60,6 +60,7 @@ class OpView:
     in_metas: list[Optional[TensorMeta]]
     mesh: MeshSpec
     guards: list[Guard] = field(default_factory=list)
+    wanted: Optional[Layout] = None  # the layout the plan constrains the output to, if any
 
     # --- arguments --------------------------------------------------------------------------------
 
