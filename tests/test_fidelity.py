@@ -43,7 +43,13 @@ MESHES = {
         ],
     ),
     "1x8": (8, [("auto", {"memory_gb": 0.0003}, None)]),
-    "8x4": (32, [("auto", {"memory_gb": 0.0002}, None)]),
+    "8x4": (
+        32,
+        [
+            ("auto", {"memory_gb": 0.0002}, None),
+            ("state-b", {}, {m: r"\+SP\(batch\)\+hidden\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+        ],
+    ),
     "2x2": (4, [("ulysses-tp-major", {}, {"attn1": r"^Ulysses\(model\+batch\)$"})]),
 }
 
