@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Iterable, Mapping, Optional
 
+from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile
@@ -31,20 +32,10 @@ from planner.rules import OpView, rule_for
 Layouts = tuple[Layout, ...]
 
 
-@dataclass(frozen=True)
-class CommEvent:
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int
-    where: str
-    reason: str
-    seconds: float
-
-
 @dataclass
 class Evaluation:
     layouts: dict[str, Layouts] = field(default_factory=dict)
-    events: list[CommEvent] = field(default_factory=list)
+    events: list[Collective] = field(default_factory=list)  # one per call (count 1), with reason and seconds
     compute_seconds: float = 0.0
     flops: float = 0.0
     bytes: float = 0.0  # per-device bytes the ops read and write (the roofline's memory term)
@@ -145,25 +136,25 @@ def evaluate(
             for kind, axes, shape in redistribute(metas[i], have, want, mesh):
                 nbytes = _bytes(shape, metas[i].itemsize, values)
                 ev.events.append(
-                    CommEvent(
+                    Collective(
                         kind,
                         axes,
                         nbytes,
-                        str(node.location),
-                        f"{node.inputs[i]} for {node.op}",
-                        collective_seconds(kind, nbytes, axes, mesh, hw),
+                        where=str(node.location),
+                        reason=f"{node.inputs[i]} for {node.op}",
+                        seconds=collective_seconds(kind, nbytes, axes, mesh, hw),
                     )
                 )
         for c in res.comm:
             nbytes = _bytes(c.shape, c.itemsize, values)
             ev.events.append(
-                CommEvent(
+                Collective(
                     c.kind,
                     c.axes,
                     nbytes,
-                    str(node.location),
-                    c.reason,
-                    collective_seconds(c.kind, nbytes, c.axes, mesh, hw),
+                    where=str(node.location),
+                    reason=c.reason,
+                    seconds=collective_seconds(c.kind, nbytes, c.axes, mesh, hw),
                 )
             )
         outs = res.outputs
@@ -172,13 +163,13 @@ def evaluate(
             for kind, axes, shape in redistribute(node.out, outs[0], want, mesh):
                 nbytes = _bytes(shape, node.out.itemsize, values)
                 ev.events.append(
-                    CommEvent(
+                    Collective(
                         kind,
                         axes,
                         nbytes,
-                        str(node.location),
-                        "activation constraint",
-                        collective_seconds(kind, nbytes, axes, mesh, hw),
+                        where=str(node.location),
+                        reason="activation constraint",
+                        seconds=collective_seconds(kind, nbytes, axes, mesh, hw),
                     )
                 )
             outs = (want,) + tuple(outs[1:])

@@ -38,6 +38,7 @@ from typing import Optional
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, divides, shard_count
+from planner.plan import Exclusion
 
 
 @dataclass(frozen=True)
@@ -221,25 +222,27 @@ def strategies(
     tile: int = 1,
     values: Optional[dict] = None,
     exclude: tuple[str, ...] = (),
-) -> tuple[list[Strategy], list[str]]:
+) -> tuple[list[Strategy], list[Exclusion]]:
     """Legal strategies of a macro, and the reasons the excluded ones were excluded. With symbolic
     tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it).
     Axes in `exclude` (the CFG batch split) are used by no strategy."""
     axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1 and a not in exclude)
     out: list[Strategy] = []
-    why: list[str] = []
+    why: list[Exclusion] = []
     sigmas = axis_sets(axes) if macro.in_block else [()]
     for sigma in sigmas:
         nsp = shard_count(mesh, sigma)
         fit = divides(nsp, tokens)
         guards: tuple[Guard, ...] = ()
         if fit is False:
-            why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide")
+            why.append(Exclusion(f"SP over {'x'.join(sigma)} ({nsp})", f"{tokens} tokens do not divide"))
             continue
         if isinstance(fit, Guard):
             guards = (Guard(fit.expr, fit.divisor, f"tokens split over {'+'.join(sigma)}"),)
             if values and not guards[0].holds(values):
-                why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide at sizes {values}")
+                why.append(
+                    Exclusion(f"SP over {'x'.join(sigma)} ({nsp})", f"{tokens} tokens do not divide at sizes {values}")
+                )
                 continue
         rest = tuple(a for a in axes if a not in sigma)
         for tp in axis_sets(rest):
@@ -247,8 +250,10 @@ def strategies(
             if macro.width % ntp:
                 unit = "heads" if macro.kind == "attention" else "features"
                 why.append(
-                    f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
-                    f"{macro.width} {unit} do not divide into {ntp}"
+                    Exclusion(
+                        f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp})",
+                        f"{macro.width} {unit} do not divide into {ntp}",
+                    )
                 )
                 continue
             candidates = [
@@ -257,13 +262,17 @@ def strategies(
             ]
             if macro.kind == "attention" and macro.self_attention and sigma:
                 if macro.width % (ntp * nsp):
-                    why.append(f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp}): {macro.width} heads do not divide")
+                    why.append(
+                        Exclusion(
+                            f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp})", f"{macro.width} heads do not divide"
+                        )
+                    )
                 else:
                     candidates.append(_make(graph, macro, mesh, sigma, tp, True, False, guards))
             for s in candidates:
                 bad = undivided(graph, mesh, s, values)
                 if bad:
-                    why.append(f"{s.name}: {bad}")
+                    why.append(Exclusion(s.name, bad))
                 else:
                     out.append(s)
     return out, why
