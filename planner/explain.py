@@ -64,20 +64,24 @@ def explain_choices(
     def others(g: Group, choice: Mapping[str, int]) -> float:
         return sum(own_seconds(h, choice[h.name]) for h in groups if h.name != g.name)
 
+    def memory(choice: Mapping[str, int]) -> int:  # the left side of the ILP's (d)
+        opts = [h.options[choice[h.name]] for h in groups]
+        return sum(o.param_kib for o in opts) + max((o.act_kib for o in opts), default=0)
+
     def split(g: Group, alt: Mapping[str, int]) -> CostSplit:
-        d_edge = edge_s(alt) - edge_s(res.choice)
-        d_other = others(g, alt) - others(g, res.choice)
         moved = tuple(
             Move(h.name, h.options[alt[h.name]].name)
             for h in groups
             if h.name != g.name and alt[h.name] != res.choice[h.name]
         )
+        # the others moved to fit the memory budget if the alternative alone, with them as chosen, does not
+        alone = {**res.choice, g.name: alt[g.name]}
         return CostSplit(
             own_seconds(g, alt[g.name]) - own_seconds(g, res.choice[g.name]),
-            d_edge,
-            d_other,
+            edge_s(alt) - edge_s(res.choice),
+            others(g, alt) - others(g, res.choice),
             moved,
-            for_memory=bool(moved) and d_other > 0 and d_edge <= 0,
+            for_memory=bool(moved) and memory(alone) > memory_kib,
         )
 
     out = []

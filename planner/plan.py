@@ -179,8 +179,8 @@ class Move:
 class CostSplit:
     """Where an alternative plan's whole cost differs from the chosen plan's (seconds, alternative
     minus chosen): this decision's own option, the stream-layout edges, the other groups (whose
-    changed choices are ``moved``). ``for_memory``: the others got dearer while the edges did not,
-    i.e. they moved to fit the memory budget."""
+    changed choices are ``moved``). ``for_memory``: the others moved to fit the memory budget
+    (the alternative option with the others as chosen breaks it)."""
 
     this_macro: float
     edges: float

@@ -90,7 +90,7 @@ def test_uneven_spatial_split_is_excluded_with_a_reason_and_refused_when_forced(
     plan = plan_vae(graph, mesh, "wh-loudbox", preset="spatial")
     for d in plan.decisions:
         assert "W:model" not in d.strategy and "W:batch+model" not in d.strategy, d.strategy
-    assert any("does not split evenly into" in d.note for d in plan.decisions)
+    assert any("does not split evenly into" in x.reason for d in plan.decisions for x in d.excluded)
     with pytest.raises(PlanError, match=r"10 x? ?.*does not split evenly|H x W = .* x 10"):
         plan_vae(graph, mesh, "wh-loudbox", preset="spatial", only={"*": r"\(H:-,W:model\)$"})
 
