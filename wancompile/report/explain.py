@@ -55,7 +55,7 @@ def explain(rep: Report, what: str) -> str:
                 for d, e in zip(shape, spec)
             ]
             lines.append(f"  shape: {tuple(shape)} {info['dtype']}; per device {tuple(local)}")
-        users = [r for r in rep.rows() if r["module"] == g.rsplit(".", 1)[0] and r["weight"]]
+        users = [r for r in rep.rows() if r["module"] == g.rsplit(".", 1)[0] and r["weights"]]
         for r in users:
             lines.append(
                 f"  used by {r['loc']}: {rep.state(r['in'][0]) if r['in'] else ''} -> {rep.state(r['out'])}" + _coll(r)
