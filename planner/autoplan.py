@@ -439,17 +439,17 @@ class _Ctx:
         """One typed Decision per group (`planner.explain.explain_choices`): costs per forward, the
         stream each option reads and writes in the layout notation."""
         block = {m.name for m in self.st.block_macros}
-        return explain_choices(
-            groups,
-            edges,
-            res,
-            memory_kib,
-            excluded=excluded,
-            unit="forward",
-            in_block=lambda g: g.name in block,
-            stream=lambda g, key: self.stream(key).show(self.mesh) if g.name in block else "",
-            fsdp=lambda g, j: tables[g.name][j].fsdp,
-        )
+
+        def stream(g, key) -> str:
+            return self.stream(key).show(self.mesh) if g.name in block else ""
+
+        def in_block(g) -> bool:
+            return g.name in block
+
+        def fsdp(g, j) -> bool:
+            return tables[g.name][j].fsdp
+
+        return explain_choices(groups, edges, res, memory_kib, excluded, in_block=in_block, stream=stream, fsdp=fsdp)
 
     # --- the plan ------------------------------------------------------------------------------------
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
@@ -144,35 +144,37 @@ class OptionCost:
         )
 
 
+def _maybe(read, value):
+    """``read(value)``, or None for a JSON null."""
+    return None if value is None else read(value)
+
+
+class _Strings:
+    """JSON for a frozen record whose fields are all strings."""
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping):
+        return cls(**{f.name: str(d[f.name]) for f in fields(cls)})
+
+
 @dataclass(frozen=True)
-class Exclusion:
+class Exclusion(_Strings):
     """An option (or a family of options, e.g. ``SP over batchxmodel (8)``) the planner did not offer
     the solver, and why (a split that does not divide, a restriction the caller gave)."""
 
     option: str
     reason: str
 
-    def to_json(self) -> dict:
-        return {"option": self.option, "reason": self.reason}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Exclusion":
-        return cls(str(d["option"]), str(d["reason"]))
-
 
 @dataclass(frozen=True)
-class Move:
+class Move(_Strings):
     """Another decision whose choice differs in an alternative plan."""
 
     macro: str
     option: str
-
-    def to_json(self) -> dict:
-        return {"macro": self.macro, "option": self.option}
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Move":
-        return cls(str(d["macro"]), str(d["option"]))
 
 
 @dataclass(frozen=True)
@@ -232,14 +234,8 @@ class Alternative:
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Alternative":
-        split = d.get("split")
-        ps = d.get("plan_seconds")
-        return cls(
-            str(d["option"]),
-            float(d["seconds_own"]),
-            None if ps is None else float(ps),
-            CostSplit.from_json(split) if split is not None else None,
-        )
+        ps, split = _maybe(float, d.get("plan_seconds")), _maybe(CostSplit.from_json, d.get("split"))
+        return cls(str(d["option"]), float(d["seconds_own"]), ps, split)
 
 
 @dataclass(frozen=True)
@@ -315,7 +311,6 @@ class Decision:
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Decision":
-        split, alt, rc = d.get("rejected_split"), d.get("cheaper_alone"), d.get("rejected_cost")
         return cls(
             macro=str(d["macro"]),
             strategy=str(d["strategy"]),
@@ -324,9 +319,9 @@ class Decision:
             in_block=bool(d.get("in_block", False)),
             members=tuple(str(m) for m in d.get("members", ())),
             rejected=str(d.get("rejected", "")),
-            rejected_cost=None if rc is None else float(rc),
-            rejected_split=CostSplit.from_json(split) if split is not None else None,
-            cheaper_alone=Alternative.from_json(alt) if alt is not None else None,
+            rejected_cost=_maybe(float, d.get("rejected_cost")),
+            rejected_split=_maybe(CostSplit.from_json, d.get("rejected_split")),
+            cheaper_alone=_maybe(Alternative.from_json, d.get("cheaper_alone")),
             options=tuple(OptionCost.from_json(o) for o in d.get("options", ())),
             excluded=tuple(Exclusion.from_json(x) for x in d.get("excluded", ())),
             weight_bytes_per_device=int(d.get("weight_bytes_per_device", 0)),

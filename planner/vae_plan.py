@@ -515,16 +515,8 @@ def _decisions(ctx: _VaeCtx, groups, edges, res, memory_kib, excluded) -> tuple[
         crossing = ctx.crossing(ctx.by_name[g.name])
         return stream_layout(key, ctx.g[crossing[0]].out).show(ctx.mesh) if crossing else ""
 
-    return explain_choices(
-        groups,
-        edges,
-        res,
-        memory_kib,
-        excluded=excluded,
-        unit="decode",
-        stream=stream,
-        members={name: tuple(m.name for m in ms) for name, ms in ctx.members.items() if len(ms) > 1},
-    )
+    members = {name: tuple(m.name for m in ms) for name, ms in ctx.members.items() if len(ms) > 1}
+    return explain_choices(groups, edges, res, memory_kib, excluded, "decode", stream=stream, members=members)
 
 
 def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, model: str, evals) -> Plan:
