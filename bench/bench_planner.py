@@ -67,7 +67,7 @@ def main() -> None:
                 auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=2)
                 ap, strat = (
                     auto.predicted,
-                    "; ".join(f"{d.node.split(' ')[0]}={d.strategy}" for d in auto.decisions[:3]),
+                    "; ".join(f"{d.scope}={d.strategy}" for d in auto.decisions[:3]),
                 )
             except PlanError as e:
                 auto, ap, strat = None, None, f"no plan fits: {str(e)[:80]}"

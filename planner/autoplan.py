@@ -22,6 +22,7 @@ from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
+from planner.explain import explain_choices
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
 from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
@@ -31,6 +32,7 @@ from planner.plan import (
     ActivationConstraint,
     Collective,
     Decision,
+    Exclusion,
     MemoryBudgetError,
     Plan,
     PlanError,
@@ -375,7 +377,7 @@ class _Ctx:
                         f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
                         + ", ".join(s.name for s in opts)
                     )
-                why = why + [f"restricted by only={pattern!r}: " + ", ".join(s.name for s in opts if s not in kept)]
+                why = why + [Exclusion(s.name, f"restricted by only={pattern!r}") for s in opts if s not in kept]
                 opts = kept
             options = []
             for s in opts:
@@ -458,100 +460,25 @@ class _Ctx:
                     break
         return out
 
-    def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> list[Decision]:
-        """One Decision per group. ``cost`` and ``rejected_cost`` are both whole-plan objectives
-        (seconds per forward: every macro plus the stream-layout edges, as the ILP sums them): the
-        best plan with the chosen option vs the best plan without it, so rejected_cost >= cost
-        whenever the solve is optimal. The note splits the difference into this macro, the edges
-        and the other macros, and says why an option that is cheaper on its own lost."""
-        out = []
-        by_name = {g.name: g for g in groups}
+    def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> tuple[Decision, ...]:
+        """One typed Decision per group (`planner.explain.explain_choices`): costs per forward, the
+        stream each option reads and writes in the layout notation."""
+        block = {m.name for m in self.st.block_macros}
 
-        def own(g, j) -> float:
-            return (g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e9
+        def stream(g, key) -> str:
+            return self.stream(key).show(self.mesh) if g.name in block else ""
 
-        def edge_s(choice) -> float:
-            return (
-                sum(
-                    e.count
-                    * e.cost_ns.get(
-                        (by_name[e.src].options[choice[e.src]].key, by_name[e.dst].options[choice[e.dst]].key), 0
-                    )
-                    for e in edges
-                )
-                / 1e9
-            )
+        def in_block(g) -> bool:
+            return g.name in block
 
-        def others(g, choice) -> float:
-            return sum(own(h, choice[h.name]) for h in groups if h.name != g.name)
+        def fsdp(g, j) -> bool:
+            return tables[g.name][j].fsdp
 
-        def why_worse(g, alt_choice) -> str:
-            d_node = own(g, alt_choice[g.name]) - own(g, res.choice[g.name])
-            d_edge = edge_s(alt_choice) - edge_s(res.choice)
-            d_other = others(g, alt_choice) - others(g, res.choice)
-            txt = f"this macro {d_node * 1e3:+.3f} ms, stream-layout edges {d_edge * 1e3:+.3f} ms, other macros {d_other * 1e3:+.3f} ms"
-            moved = [
-                f"{h.name} -> {h.options[alt_choice[h.name]].name}"
-                for h in groups
-                if h.name != g.name and alt_choice[h.name] != res.choice[h.name]
-            ]
-            if moved:
-                txt += (
-                    " ("
-                    + ", ".join(moved)
-                    + (" to fit the memory budget" if memory_kib is not None and d_other > 0 and d_edge <= 0 else "")
-                    + ")"
-                )
-            return txt
-
-        for g in groups:
-            i = res.choice[g.name]
-            o = g.options[i]
-            cost = res.objective_ns / 1e9
-            rejected, rcost = "", None
-            note = f"plan total {cost * 1e3:.3f} ms per forward ({o.name}: {own(g, i) * 1e3:.3f} ms of it)"
-            alt_j = None
-            if len(g.options) > 1:
-                try:
-                    alt = solve(groups, edges, memory_kib=memory_kib, forbid={g.name: i}, time_limit_s=2.0)
-                    alt_j = alt.choice[g.name]
-                    rejected = g.options[alt_j].name
-                    rcost = alt.objective_ns / 1e9
-                    note += (
-                        f"; next best: {rejected}, plan total {rcost * 1e3:.3f} ms ({rcost * 1e3 - cost * 1e3:+.3f} ms: "
-                        + why_worse(g, alt.choice)
-                        + ")"
-                    )
-                except Infeasible:
-                    note += "; every alternative breaks the memory budget"
-            else:
-                note += "; only legal option"
-            cheapest = min(
-                range(len(g.options)), key=lambda j: (g.options[j].cost_ns * g.count + g.options[j].once_ns, j)
-            )
-            if own(g, cheapest) < own(g, i) and cheapest != alt_j:
-                name = g.options[cheapest].name
-                try:
-                    forced = solve(groups, edges, memory_kib=memory_kib, only={g.name: cheapest}, time_limit_s=2.0)
-                    note += (
-                        f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but its best plan totals "
-                        f"{forced.objective_ns / 1e6:.3f} ms: " + why_worse(g, forced.choice)
-                    )
-                except Infeasible:
-                    note += f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but no plan with it fits the memory budget"
-            if excluded[g.name]:
-                note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
-            ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
-            note += "; options on their own (ms per forward): " + ", ".join(
-                f"{g.options[j].name}={own(g, j) * 1e3:.3f}" for j in ranked
-            )
-            mem = o.param_kib * KIB / 1e9
-            note += f"; {mem:.2f} GB weights/device" + (
-                " (weights sharded for memory)" if tables[g.name][i].fsdp else ""
-            )
-            where = f"blocks.*.{g.name} (x{g.count})" if g.count > 1 else g.name
-            out.append(Decision(where, o.name, cost, rejected, rcost, note))
-        return out
+        out = explain_choices(groups, edges, res, memory_kib, excluded, in_block=in_block, stream=stream, fsdp=fsdp)
+        return tuple(
+            dc_replace(d, state=tables[g.name][res.choice[g.name]].state) if g.name in block else d
+            for g, d in zip(groups, out)
+        )
 
     # --- the plan ------------------------------------------------------------------------------------
 

@@ -21,9 +21,10 @@ compute seconds, peak per-device tensor bytes, guards, and warnings for ops with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional
 
+from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile
@@ -34,20 +35,10 @@ from planner.rules import OpView, rule_for
 Layouts = tuple[Layout, ...]
 
 
-@dataclass(frozen=True)
-class CommEvent:
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int
-    where: str
-    reason: str
-    seconds: float
-
-
 @dataclass
 class Evaluation:
     layouts: dict[str, Layouts] = field(default_factory=dict)
-    events: list[CommEvent] = field(default_factory=list)
+    events: list[Collective] = field(default_factory=list)  # one per call (count 1), with reason and seconds
     compute_seconds: float = 0.0
     flops: float = 0.0
     bytes: float = 0.0  # per-device bytes the ops read and write (the roofline's memory term)
@@ -158,13 +149,13 @@ def evaluate(
             for kind, axes, shape in redistribute(metas[i], have, want, mesh):
                 nbytes = _bytes(shape, metas[i].itemsize, values)
                 ev.events.append(
-                    CommEvent(
+                    Collective(
                         kind,
                         axes,
                         nbytes,
-                        str(node.location),
-                        f"{node.inputs[i]} for {node.op}",
-                        collective_seconds(kind, nbytes, axes, mesh, hw),
+                        where=str(node.location),
+                        reason=f"{node.inputs[i]} for {node.op}",
+                        seconds=collective_seconds(kind, nbytes, axes, mesh, hw),
                     )
                 )
         for c in res.comm:
@@ -172,13 +163,13 @@ def evaluate(
             if c.kind == "all-reduce":
                 reduced[node.name] = len(ev.events)
             ev.events.append(
-                CommEvent(
+                Collective(
                     c.kind,
                     c.axes,
                     nbytes,
-                    str(node.location),
-                    c.reason,
-                    collective_seconds(c.kind, nbytes, c.axes, mesh, hw),
+                    where=str(node.location),
+                    reason=c.reason,
+                    seconds=collective_seconds(c.kind, nbytes, c.axes, mesh, hw),
                 )
             )
         outs = res.outputs
@@ -190,13 +181,13 @@ def evaluate(
             for kind, axes, shape in moves:
                 nbytes = _bytes(shape, node.out.itemsize, values)
                 ev.events.append(
-                    CommEvent(
+                    Collective(
                         kind,
                         axes,
                         nbytes,
-                        str(node.location),
-                        "activation constraint",
-                        collective_seconds(kind, nbytes, axes, mesh, hw),
+                        where=str(node.location),
+                        reason="activation constraint",
+                        seconds=collective_seconds(kind, nbytes, axes, mesh, hw),
                     )
                 )
             outs = (want,) + tuple(outs[1:])
@@ -238,13 +229,11 @@ def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, m
         if i is None or set(ev.events[i].axes) != added or len(graph.users(src.name)) != 1:
             continue
         e = ev.events[i]
-        ev.events[i] = CommEvent(
-            "reduce-scatter",
-            e.axes,
-            e.bytes,
-            e.where,
-            e.reason + ", sliced by the next op",
-            collective_seconds("reduce-scatter", e.bytes, e.axes, mesh, hw),
+        ev.events[i] = replace(
+            e,
+            kind="reduce-scatter",
+            reason=e.reason + ", sliced by the next op",
+            seconds=collective_seconds("reduce-scatter", e.bytes, e.axes, mesh, hw),
         )
         del reduced[src.name]
         return

@@ -44,6 +44,7 @@ from typing import Optional
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, divides, shard_count
+from planner.plan import Exclusion
 
 
 @dataclass(frozen=True)
@@ -251,7 +252,7 @@ def strategies(
     values: Optional[dict] = None,
     exclude: tuple[str, ...] = (),
     hidden: Optional[int] = None,
-) -> tuple[list[Strategy], list[str]]:
+) -> tuple[list[Strategy], list[Exclusion]]:
     """Legal strategies of a macro, and the reasons the excluded ones were excluded. With symbolic
     tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it).
     Axes in `exclude` (the CFG batch split) are used by no strategy. `hidden` is the stream's
@@ -259,19 +260,21 @@ def strategies(
     between macros on D over t (STATE B) and on the tokens over σ + t (sequence-parallel Megatron)."""
     axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1 and a not in exclude)
     out: list[Strategy] = []
-    why: list[str] = []
+    why: list[Exclusion] = []
     sigmas = axis_sets(axes) if macro.in_block else [()]
     for sigma in sigmas:
         nsp = shard_count(mesh, sigma)
         fit = divides(nsp, tokens)
         guards: tuple[Guard, ...] = ()
         if fit is False:
-            why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide")
+            why.append(Exclusion(f"SP over {'x'.join(sigma)} ({nsp})", f"{tokens} tokens do not divide"))
             continue
         if isinstance(fit, Guard):
             guards = (Guard(fit.expr, fit.divisor, f"tokens split over {'+'.join(sigma)}"),)
             if values and not guards[0].holds(values):
-                why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide at sizes {values}")
+                why.append(
+                    Exclusion(f"SP over {'x'.join(sigma)} ({nsp})", f"{tokens} tokens do not divide at sizes {values}")
+                )
                 continue
         rest = tuple(a for a in axes if a not in sigma)
         for tp in axis_sets(rest):
@@ -279,14 +282,20 @@ def strategies(
             if macro.width % ntp:
                 unit = "heads" if macro.kind == "attention" else "features"
                 why.append(
-                    f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
-                    f"{macro.width} {unit} do not divide into {ntp}"
+                    Exclusion(
+                        f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp})",
+                        f"{macro.width} {unit} do not divide into {ntp}",
+                    )
                 )
                 continue
             base = [(False, fsdp) for fsdp in ((False, True) if sigma else (False,))]
             if macro.kind == "attention" and macro.self_attention and sigma:
                 if macro.width % (ntp * nsp):
-                    why.append(f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp}): {macro.width} heads do not divide")
+                    why.append(
+                        Exclusion(
+                            f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp})", f"{macro.width} heads do not divide"
+                        )
+                    )
                 else:
                     base.append((True, False))
             candidates = []
@@ -296,7 +305,7 @@ def strategies(
             for s in candidates:
                 bad = undivided(graph, mesh, s, values)
                 if bad:
-                    why.append(f"{s.name}: {bad}")
+                    why.append(Exclusion(s.name, bad))
                 else:
                     out.append(s)
     return out, why
@@ -311,7 +320,7 @@ def _streams(macro: Macro, mesh: MeshSpec, sigma, tp, tokens, hidden, values, wh
     ntp = shard_count(mesh, tp)
     label = "x".join(tp)
     if hidden % ntp:
-        why.append(f"hidden-split stream over {label} ({ntp}): hidden size {hidden} does not divide")
+        why.append(Exclusion(f"hidden-split stream over {label} ({ntp})", f"hidden size {hidden} does not divide"))
     else:
         out.append(((tuple(sigma), tuple(tp)), ()))
     n = shard_count(mesh, tuple(sigma) + tuple(tp))

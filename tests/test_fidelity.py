@@ -100,8 +100,8 @@ def test_compiled_collectives_are_the_plans(mesh):
             assert [(m["axes"], m["observed_count"]) for m in a2a] == [(["batch"], 8)], row["table"]
             assert not any(m["kind"] == "collective-permute" for m in row["matches"]), row["table"]
         if mesh == "1x8":
-            attn1 = row["notes"]["blocks.*.attn1 (x2)"]
-            assert "head-TP over model (8): 4 heads do not divide into 8" in attn1
+            attn1 = row["excluded"]["blocks.*.attn1 (x2)"]
+            assert ["head-TP over model (8)", "4 heads do not divide into 8"] in attn1
 
 
 # --- the subprocess -------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def _main(mesh: str, only_cases: tuple[str, ...] = ()) -> None:
             "pcc": result.pcc,
             "max_abs": result.max_abs,
             "strategies": {d.node: d.strategy for d in program.plan.decisions},
-            "notes": {d.node: d.note for d in program.plan.decisions},
+            "excluded": {d.node: [[x.option, x.reason] for x in d.excluded] for d in program.plan.decisions},
             "sharded_params": len(program.plan.sharded_params()),
             "matches": [
                 {

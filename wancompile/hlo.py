@@ -9,22 +9,23 @@ groups back to mesh axes: the axes along which the devices of a group differ.
 Bytes are per device and per call: the result shape for all-gather, the operand (= result) for
 all-reduce, all-to-all and collective-permute, the operand for reduce-scatter. An all-reduce whose
 users only keep this device's slice is read as the reduce-scatter it is (`scattered_all_reduces`).
+Each instruction is read into the planner's own `planner.collective.Collective` (count 1, ``where`` =
+the instruction's name, with the HLO ``shape`` text and replica ``groups``), so predicted and
+compiled collectives are one type.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from planner.collective import KINDS, Collective
 from planner.graph import DTYPE_BYTES
 from planner.mesh import MeshSpec
-
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 _HLO_DTYPE = {
     "f32": "float32",
@@ -45,16 +46,6 @@ _INSTR = re.compile(
     + r")(?:-start)?\((?P<operands>[^)]*)\)(?P<rest>.*)$"
 )
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-
-
-@dataclass(frozen=True)
-class HloCollective:
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int
-    shape: str
-    groups: tuple[tuple[int, ...], ...]
-    name: str
 
 
 def _shape_bytes(shape: str) -> int:
@@ -138,7 +129,8 @@ def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]
     }
 
 
-def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[HloCollective]:
+def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[Collective]:
+    """Every collective instruction of one HLO module, in program order."""
     found = []
     for line in hlo_text.splitlines():
         m = _INSTR.match(line)
@@ -157,7 +149,14 @@ def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[HloCollective]:
             nbytes = _shape_bytes(m.group("shape")) * (len(groups[0]) if groups else 1)
         axes = group_axes(groups, mesh) if groups else tuple(mesh.axis_names)
         out.append(
-            HloCollective(kind, axes, nbytes, m.group("shape").strip(), tuple(map(tuple, groups)), m.group("name"))
+            Collective(
+                kind,
+                axes,
+                nbytes,
+                where=m.group("name"),
+                shape=m.group("shape").strip(),
+                groups=tuple(map(tuple, groups)),
+            )
         )
     return out
 
