@@ -504,7 +504,8 @@ class _Ctx:
                 events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
             forced_block.update(s.forced)
         for a, b, l_sig in self._sigma_changes(chosen):
-            forced_block[a] = self.stream(l_sig)
+            if self._read_only_by(a, l_sig, chosen):
+                forced_block[a] = self.stream(l_sig)
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
@@ -589,6 +590,19 @@ class _Ctx:
                     out.append((x, key[src], key[m.name]))
                     seen.add(x)
         return out
+
+    def _read_only_by(self, x: str, key, chosen) -> bool:
+        """Whether every macro reading stream value `x` reads it in stream layout `key`: only then
+        is the change pinned where `x` is made. A value read in two layouts (the residual stream
+        that one macro normalises and the next one adds back) keeps its producer's layout, and each
+        consumer reslices it (a second constraint on it, measured, made GSPMD split the block-stack
+        entry for the later macro and gather it back for the first)."""
+        readers = set()
+        for u in self.g.users(x):
+            m = self.macro_of.get(u.name)
+            readers.add(chosen[m].stream if m is not None else None)
+        first = chosen[self.st.block_macros[0].name].stream
+        return {first if r is None else r for r in readers} <= {key}
 
     def _side_inputs(self) -> list[str]:
         """Non-parameter values made before the block stack that block 0 or the epilogue read,

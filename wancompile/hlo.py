@@ -94,9 +94,15 @@ def _numel(shape: str) -> int:
     return sum(math.prod(int(d) for d in m.group("dims").split(",") if d) for m in _ARRAY.finditer(shape))
 
 
+def _kept_slice(kept: int, group: int, whole: int) -> bool:
+    """A user's result is at most one group member's share of the all-reduce (it may slice further,
+    e.g. onto the next macro's finer token split, in the same fusion)."""
+    return 0 < kept * group <= whole and whole % (kept * group) == 0
+
+
 def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]:
     """All-reduces whose every user keeps only this device's slice of the result: each user is a
-    dynamic-slice (or a fusion holding one) and 1/group-size of the all-reduce's size.
+    dynamic-slice (or a fusion holding one) and at most 1/group-size of the all-reduce's size.
     That pair is a reduce-scatter that the XLA CPU pipeline leaves unfused (XLA's GPU
     ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it), so it is read as one."""
     users: dict[str, list[tuple[str, str]]] = {name: [] for name in group_size}
@@ -125,7 +131,9 @@ def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]
         name
         for name, uses in users.items()
         if uses
-        and all(slicing(line) and _numel(shape) * group_size[name] == sizes.get(name, -1) for shape, line in uses)
+        and all(
+            slicing(line) and _kept_slice(_numel(shape), group_size[name], sizes.get(name, 0)) for shape, line in uses
+        )
     }
 
 
