@@ -21,16 +21,16 @@ from collections import Counter
 from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
+from planner import pricing
 from planner.cost_model import collective_seconds, to_ns
 from planner.explain import explain_choices
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
-from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import Edge, Group, Infeasible, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
-from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
+from planner.placements import Guard, Layout, as_number, numel, shard_count
 from planner.plan import (
     ActivationConstraint,
-    Collective,
     Decision,
     Exclusion,
     MemoryBudgetError,
@@ -289,27 +289,22 @@ class _Ctx:
         return out
 
     def eval_macro(self, m: Macro, s: Strategy) -> Evaluation:
-        boundary = {k: v for k, v in self.base.items() if k not in set(m.nodes)}
-        boundary.update({p: (lay,) for p, lay in s.params.items()})
-        if m.in_block:
-            for x in self.crossing(m):
-                boundary[x] = (self.stream(s.stream),)
-        return evaluate(
+        stream = {x: self.stream(s.stream) for x in self.crossing(m)} if m.in_block else {}
+        return pricing.evaluate_option(
             self.g,
-            [self.g[x] for x in m.nodes],
+            m.nodes,
             self.mesh,
             self.hw,
-            boundary=boundary,
+            params=s.params,
+            stream=stream,
             forced=s.forced,
             values=self.vals,
+            base=self.base,
         )
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
-        total = 0.0
-        for p in m.params:
-            meta = self.g[p].out
-            total += as_number(numel(local_shape(meta.shape, s.params.get(p), self.mesh)), self.vals) * meta.itemsize
-        return total * (self.n if m.in_block else 1) * self.copies
+        one = pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
+        return one * (self.n if m.in_block else 1) * self.copies
 
     def fixed_param_bytes(self) -> float:
         owned = {p for m in self.st.block_macros + self.st.root_macros for p in m.params}
@@ -388,29 +383,15 @@ class _Ctx:
                     if s.stream not in ends:
                         ends[s.stream] = self.ends(s.stream)
                     once = to_ns(ends[s.stream].seconds)
-                # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
-                options.append(
-                    Option(
-                        s.name,
-                        s.stream,
-                        to_ns(ev.seconds),
-                        once,
-                        math.ceil(self.param_bytes(m, s) / KIB),
-                        math.ceil(ev.peak_bytes * 3 / KIB),
-                    )
-                )
+                options.append(pricing.option(s.name, s.stream, ev, self.param_bytes(m, s), once))
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
         self.ends_evals = ends
         return groups, self.edges(tables), tables, excluded
 
     def reshard_seconds(self, tensor: str, k, l) -> float:
-        if k == l:
-            return 0.0
-        meta = self.g[tensor].out
-        return sum(
-            collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
-            for kind, axes, shape in redistribute(meta, self.stream(k), self.stream(l), self.mesh)
+        return pricing.reshard_seconds(
+            self.g[tensor].out, self.stream(k), self.stream(l), self.mesh, self.hw, self.vals
         )
 
     def edges(self, tables) -> list[Edge]:
@@ -509,36 +490,17 @@ class _Ctx:
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
-        collectives = tuple(
-            Collective(kind, axes, nbytes, count, where)
-            for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
-        )
+        collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
         self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
         self._split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
         acts = self._activations(forced_block, sigma0)
-        memory = (
-            sum(
-                self._local_bytes(self.g[n].out, params.get(self.g[n].param))
-                for n in (x.name for x in self.g.params())
-                if self.g[n].block in (None, 0)
-            )
-            * self.copies
-        )
-        memory += (
-            sum(
-                self._local_bytes(self.g[n].out, params.get(self.g[n].param))
-                for n in (x.name for x in self.g.params())
-                if self.g[n].block == 0
-            )
-            * (self.n - 1)
-            * self.copies
-        )
+        memory = _weight_bytes(self.g, params, self.mesh, self.vals, self.n, self.copies)
         act_peak = max(
             ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
         )
-        memory += act_peak * 3
+        memory += pricing.ACTIVATION_FACTOR * act_peak
         nsp = shard_count(self.mesh, sigma0[0])
         if self.hw.tile > 1 and nsp > 1:
             guards.append(
@@ -569,10 +531,6 @@ class _Ctx:
         )
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
-
-    def _local_bytes(self, meta, spec) -> float:
-        lay = Layout.from_spec(spec) if spec is not None else None
-        return as_number(numel(local_shape(meta.shape, lay, self.mesh)), self.vals) * meta.itemsize
 
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple]]:
         """Stream values crossing into a macro with another stream key: (producer, from, to)."""
@@ -725,6 +683,19 @@ class _Ctx:
         return tuple(inputs + acts)
 
 
+def _weight_bytes(graph: Graph, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
+    """Per-device parameter bytes of the whole model under the partition specs `specs` (by parameter
+    name): the captured graph's parameters, block 0's counted for every one of `num_blocks` blocks."""
+
+    def size(p) -> float:
+        spec = specs.get(p.param)
+        return pricing.local_bytes(p.out, Layout.from_spec(spec) if spec is not None else None, mesh, values)
+
+    whole = sum(size(p) for p in graph.params() if p.block in (None, 0))
+    block0 = sum(size(p) for p in graph.params() if p.block == 0)
+    return (whole + block0 * (num_blocks - 1)) * copies
+
+
 def _reason(node) -> str:
     if node.op == "linear":
         return "linear output pinned to the planned layout (tokens on the SP axes, features on the TP axes)"
@@ -778,8 +749,6 @@ def price_plan(
         values=vals,
     )
     b0_names = {x.name for x in b0}
-    ctx = _Ctx.__new__(_Ctx)
-    ctx.g, ctx.mesh, ctx.vals = graph, mesh, vals
     comm = ev_epi.comm_seconds + sum(e.seconds * (n if _generic(e.where) != e.where else 1) for e in ev_pre.events)
     compute = ev_epi.compute_seconds
     ev_blk = evaluate(
@@ -793,14 +762,6 @@ def price_plan(
     )
     ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, values=vals)
     compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
-    memory = (
-        sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0))
-        * weight_copies
-    )
-    memory += (
-        sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block == 0)
-        * (n - 1)
-        * weight_copies
-    )
-    memory += max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes) * 3
+    memory = _weight_bytes(graph, plan.params, mesh, vals, n, weight_copies)
+    memory += pricing.ACTIVATION_FACTOR * max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes)
     return Predicted(compute + comm, compute, comm, int(memory))
