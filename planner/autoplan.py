@@ -62,6 +62,7 @@ def plan_graph(
     only: Optional[Mapping[str, str]] = None,
     batch_axes: tuple[str, ...] = (),
     stream_layouts: bool = True,
+    preset: str = "auto",
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -86,6 +87,10 @@ def plan_graph(
         stream_layouts: offer the split stream layouts between macros (STATE B: hidden split over
             the TP axes; sequence-parallel Megatron: tokens also split over them) besides STATE A
             (hidden whole). False: STATE A only, the seed's plans.
+        preset: ``auto`` (the solver decides) or ``tt-xla``: the seed's hand plan through this same
+            engine — every block macro head-TP / Megatron on the last mesh axis with SP on the others,
+            the embedders Megatron on the last axis, STATE A, no FSDP — so its bill is the rules'
+            (`PRESETS`); the other options are recorded as excluded by the preset.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
@@ -96,7 +101,17 @@ def plan_graph(
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
     ctx, groups, edges, tables, excluded = _build(
-        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes), stream_layouts
+        graph,
+        mesh,
+        hw,
+        num_blocks,
+        weight_copies,
+        values,
+        sequence_parallel,
+        only,
+        tuple(batch_axes),
+        stream_layouts and preset == "auto",
+        preset,
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -114,7 +129,7 @@ def plan_graph(
         need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
         need_gb = budget_gb(need_kib, fixed)
         meshes = _larger_meshes(
-            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts
+            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts, preset
         )
         advice = (
             ", or use a larger mesh: "
@@ -146,15 +161,48 @@ def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
         raise PlanError(str(e)) from None
 
 
+PRESETS = ("auto", "tt-xla")
+
+
 def _build(
-    graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=(), stream_layouts=True
+    graph,
+    mesh,
+    hw,
+    num_blocks,
+    weight_copies,
+    values,
+    sequence_parallel,
+    only,
+    batch_axes=(),
+    stream_layouts=True,
+    preset="auto",
 ):
+    if preset not in PRESETS:
+        raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
     st = find_structure(graph)
     n = num_blocks or st.captured_blocks
     ctx = _Ctx(graph, mesh, hw, st, n, weight_copies, dict(values or {}), batch_axes, stream_layouts)
     ctx.sequence_parallel = sequence_parallel
     ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
+    if preset == "tt-xla":
+        # the seed's shape is the solver's hint (`_Ctx.hint`): keep exactly that option per macro
+        hint = ctx.hint(groups, tables)
+        missing = [g.name for g in groups if g.name not in hint]
+        if missing:
+            raise PlanError(
+                f"the tt-xla preset needs head-TP / Megatron on the last mesh axis with SP on the others, but "
+                f"{', '.join(missing)} has no such legal option on mesh {mesh} (excluded: "
+                + "; ".join(f"{x.option}: {x.reason}" for m in missing for x in excluded[m])
+                + ")"
+            )
+        for k, g in enumerate(groups):
+            i = hint[g.name]
+            excluded[g.name] = list(excluded[g.name]) + [
+                Exclusion(o.name, "not the tt-xla preset") for j, o in enumerate(g.options) if j != i
+            ]
+            groups[k] = Group(g.name, (g.options[i],), g.count)
+            tables[g.name] = [tables[g.name][i]]
     return ctx, groups, edges, tables, excluded
 
 
@@ -170,7 +218,7 @@ def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
 
 
 def _larger_meshes(
-    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts=True
+    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts, preset
 ):
     """(mesh, smallest budget that plans there) for the system meshes larger than `mesh` whose
     smallest plan fits `budget`; at most the two smallest."""
@@ -178,7 +226,7 @@ def _larger_meshes(
     for m in _system_meshes(mesh):
         try:
             ctx, groups, *_ = _build(
-                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts
+                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts, preset
             )
             fixed = ctx.fixed_param_bytes()
             need = budget_gb(min_memory_kib(groups)[0], fixed)
