@@ -12,12 +12,18 @@ users only keep this device's slice is read as the reduce-scatter it is (`scatte
 Each instruction is read into the planner's own `planner.collective.Collective` (count 1, ``where`` =
 the instruction's name, with the HLO ``shape`` text and replica ``groups``), so predicted and
 compiled collectives are one type.
+
+`parse_matmuls` reads the other half of a program's bill from the same text: every ``dot`` and
+``convolution`` with its FLOPs per device (2 × result elements × contracted elements), counted once
+per execution of the computation that holds it (fusions and calls included; a ``while`` loop is
+refused, its trip count is not in the text).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -195,3 +201,93 @@ def main_module(paths: Iterable[Path]) -> Path:
     if not paths:
         raise FileNotFoundError("no *after_optimizations.txt files were dumped; is XLA_FLAGS=--xla_dump_to set?")
     return max(paths, key=lambda p: p.stat().st_size)
+
+
+# --- matmul FLOPs -------------------------------------------------------------------------------------
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s+\(.*\{\s*$")
+_CALLED = re.compile(
+    r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}"
+)
+
+
+@dataclass(frozen=True)
+class HloMatmul:
+    """One dot or convolution: FLOPs per device per execution, and how often it runs per call."""
+
+    kind: str  # dot | convolution
+    name: str
+    shape: str
+    flops: int
+    count: int = 1
+
+
+def _dims(shape: str) -> list[int]:
+    m = _ARRAY.search(shape)
+    if m is None:
+        raise ValueError(f"not an array shape: {shape!r}")
+    return [int(d) for d in m.group("dims").split(",") if d]
+
+
+def _operand_names(operands: str) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", re.sub(r"/\*.*?\*/", "", operands))
+
+
+def _int_list(rest: str, key: str) -> list[int]:
+    m = re.search(rf"\b{key}=\{{([\d,]*)\}}", rest)
+    return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+
+def _matmul_flops(op: str, shape: str, operand_shapes: list[str], rest: str) -> int:
+    out = math.prod(_dims(shape))
+    if op == "dot":
+        lhs = _dims(operand_shapes[0])
+        return 2 * out * math.prod(lhs[d] for d in _int_list(rest, "lhs_contracting_dims"))
+    m = re.search(r"dim_labels=\w+_(\w+)->", rest)
+    if m is None:
+        raise ValueError(f"convolution without dim_labels: {rest[:120]!r}")
+    rhs = _dims(operand_shapes[1])
+    return 2 * out * math.prod(rhs) // rhs[m.group(1).index("o")]  # per output: kernel window × input features
+
+
+def parse_matmuls(hlo_text: str) -> list[HloMatmul]:
+    """Every dot and convolution of an HLO module with its FLOPs per device, ``count`` = executions
+    per call of the entry computation. Raises ValueError on a ``while`` loop (unknown trip count)."""
+    computations: dict[str, list[tuple[str, str, str, str, str]]] = {}  # name, shape, op, operands, rest
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and "=" not in line.split("(")[0]:
+            current = head.group("name")
+            computations[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        m = _DEF.match(line)
+        if m and current is not None:
+            computations[current].append((*m.group("name", "shape", "op", "operands"), line[m.end() :]))
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    runs: dict[str, int] = {}
+
+    def visit(name: str, times: int) -> None:
+        runs[name] = runs.get(name, 0) + times
+        for instr, _, op, _, rest in computations.get(name, []):
+            if op == "while":
+                raise ValueError(f"{instr}: a while loop; its trip count is not in the HLO text")
+            for single, many in _CALLED.findall(rest):
+                for callee in [single] if single else re.findall(r"%?([\w.\-]+)", many):
+                    visit(callee, times)
+
+    visit(entry, 1)
+    out = []
+    for comp, instrs in computations.items():
+        if not runs.get(comp):
+            continue
+        shapes = {instr[0]: instr[1] for instr in instrs}
+        for name, shape, op, operands, rest in instrs:
+            if op not in ("dot", "convolution"):
+                continue
+            flops = _matmul_flops(op, shape, [shapes[n] for n in _operand_names(operands)], rest)
+            out.append(HloMatmul(op, name, shape.strip(), flops, runs[comp]))
+    return out
