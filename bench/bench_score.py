@@ -17,8 +17,9 @@ The plans, each compiled (traced and compiled by XLA, not run) on 32 virtual CPU
 
   (a) auto: the plan the planner makes for the FULL-SIZE A14B at 720p, both experts resident
       (weight_copies=2), 40 blocks, wh-galaxy 8×4 — its strategy per macro, transferred to the ÷16
-      model by re-planning the ÷16 graph with ``only={macro: '^<that strategy>$'}`` (same strategies;
-      the op rules re-derive shardings, constraints and bill for the small shapes). A saved plan
+      model by re-planning the ÷16 graph with ``only={macro: '^<that strategy>$'}`` (same strategies
+      and stream layouts, checked; the op rules re-derive shardings, constraints and bill for the
+      small shapes). A saved plan
       cannot be loaded as is: its geometry (head dim, tokens) is the full model's, and `Plan.check`
       refuses that. Compiled through ``backend="wan_autoshard"`` with ``options={"plan": path}``.
   (b) ``plan="tt-xla"`` through wancompile: the hand plan, wancompile's lowering (legalized
@@ -44,7 +45,10 @@ collective kind the fit (a, b, bw); ring axes (hops ⌈n/2⌉), a group over sev
 of n = the product (hops n − 1) on the slowest of its axes' links; collective-permute uses the
 all-gather fit with one hop. The per-kind factor f (cost_model.py's docstring): all-gather and
 reduce-scatter (n−1)/n, all-reduce 2(n−1)/n, all-to-all ⌊n/2⌋⌈n/2⌉/n (÷2 on a ring), permute 1.
-No overlap, no memory-bound term, no launch floors. Known bias: 16³ overstates the few matmuls whose
+No overlap, no memory-bound term, no launch floors. Printed beside it, not scored: the glue's memory
+traffic as compiled (`glue_bytes`: what the non-matmul kernels of the main program read and write)
+over the DRAM bandwidth — the part of a forward that stream layouts (STATE B) change and that the
+score above cannot see. Known bias: 16³ overstates the few matmuls whose
 dims do not all scale (patch embedding, proj_out, time embedding: in/out channels stay 16); the
 output says their share. ``--blocks N`` < 40 compiles N blocks and 1 block and extrapolates every
 count linearly to 40 (the output says so).
@@ -126,26 +130,14 @@ def small_inputs(device: str = "cpu") -> dict:
 # --- (a): the full-size plan's strategies, transferred ---------------------------------------------
 
 
-def macro_names(graph) -> list[str]:
-    from planner.strategies import find_structure
-
-    st = find_structure(graph)
-    return [m.name for m in st.block_macros + st.root_macros]
+def chosen_strategies(plan) -> dict[str, str]:
+    """Macro name -> the strategy the plan chose for it (`Decision.macro`, block-relative for block macros)."""
+    return {d.macro: d.strategy for d in plan.decisions}
 
 
-def chosen_strategies(plan, graph) -> dict[str, str]:
-    """Macro name -> the strategy the plan chose for it. A decision names a block macro as
-    ``blocks.*.<macro> (xN)`` and a root macro by its module path (planner/autoplan.py decisions)."""
-    out = {}
-    for name in macro_names(graph):
-        hits = [d for d in plan.decisions if d.node == name or d.node.startswith(f"blocks.*.{name} (")]
-        if len(hits) != 1:
-            raise SystemExit(
-                f"bench_score: the plan's decisions {[d.node for d in plan.decisions]} do not name macro {name!r} "
-                "exactly once; the planner's Decision naming changed: update chosen_strategies"
-            )
-        out[name] = hits[0].strategy
-    return out
+def streams(plan) -> dict[str, str]:
+    """Macro name -> the stream layout its chosen option reads and writes (`Decision.stream`)."""
+    return {d.macro: d.stream for d in plan.decisions}
 
 
 @dataclass
@@ -154,12 +146,13 @@ class Plans:
     predictions, the auto plan's strategies, and the ÷16 auto plan file for `blocks` blocks."""
 
     strategies: dict[str, str]
+    layout: str  # the full auto plan's stream layout (bench_planner.stream_layout: STATE A / B / SP-Megatron)
     predicted: dict[str, tuple[float, float]]  # plan -> (step s, comm s), full size, the cost model's
     small_plan: dict[int, Path] = field(default_factory=dict)  # blocks -> plan.json of (a) for the ÷16 model
 
 
 def make_plans(out_dir: Path, block_counts: list[int]) -> Plans:
-    from bench.bench_planner import capture
+    from bench.bench_planner import capture, stream_layout
     from planner import plan_graph
     from planner.autoplan import price_plan
     from planner.hand_plans import tt_xla_plan
@@ -173,7 +166,8 @@ def make_plans(out_dir: Path, block_counts: list[int]) -> Plans:
     hand = price_plan(full_graph, tt_xla_plan(full_graph, mesh), HARDWARE, num_blocks=FULL_BLOCKS, weight_copies=2)
     save_plan(full, out_dir / "full-a14b-720p.plan.json")
     plans = Plans(
-        chosen_strategies(full, full_graph),
+        chosen_strategies(full),
+        stream_layout(full),
         {
             "a": (full.predicted.step_seconds, full.predicted.comm_seconds),
             "b": (hand.step_seconds, hand.comm_seconds),
@@ -184,9 +178,11 @@ def make_plans(out_dir: Path, block_counts: list[int]) -> Plans:
         graph, _ = capture_module(m, **small_inputs("meta"), return_dict=False, model=f"{BASE_MODEL}/16")
         only = {k: "^" + re.escape(v) + "$" for k, v in plans.strategies.items()}
         small = plan_graph(graph, mesh, HARDWARE, num_blocks=blocks, weight_copies=2, only=only)
-        got = chosen_strategies(small, graph)
-        if got != plans.strategies:
-            raise SystemExit(f"bench_score: the ÷16 re-plan chose {got}, not the full plan's {plans.strategies}")
+        got = (chosen_strategies(small), streams(small))
+        if got != (plans.strategies, streams(full)):
+            raise SystemExit(
+                f"bench_score: the ÷16 re-plan chose {got}, not the full plan's {(plans.strategies, streams(full))}"
+            )
         plans.small_plan[blocks] = save_plan(small, out_dir / f"a-div16-{blocks}blocks.plan.json")
     return plans
 
@@ -335,11 +331,12 @@ def run_child(which: list[str], blocks: int, work: Path, plan_path: str, timeout
 @dataclass
 class Bill:
     """What one program does per call, per device, at ÷16 scale: collectives per (kind, axes) as
-    [count, bytes as scored], dot and convolution FLOPs."""
+    [count, bytes as scored], dot and convolution FLOPs, and the glue's memory traffic (`glue_bytes`)."""
 
     collectives: dict[tuple[str, tuple[str, ...]], list[float]]
     dot_flops: float
     conv_flops: float
+    glue_bytes: float
 
     def combine(self, other: "Bill", a: float, b: float) -> "Bill":
         """a·self + b·other (the linear extrapolation in blocks)."""
@@ -348,14 +345,59 @@ class Bill:
             k: [a * self.collectives.get(k, [0, 0])[i] + b * other.collectives.get(k, [0, 0])[i] for i in (0, 1)]
             for k in keys
         }
-        return Bill(coll, a * self.dot_flops + b * other.dot_flops, a * self.conv_flops + b * other.conv_flops)
+        return Bill(
+            coll,
+            a * self.dot_flops + b * other.dot_flops,
+            a * self.conv_flops + b * other.conv_flops,
+            a * self.glue_bytes + b * other.glue_bytes,
+        )
 
 
 def scored_bytes(c) -> float:
     """Bytes of a collective with every f32 element counted as bf16 (SCORED_ELEMENT_BYTES)."""
-    if set(re.findall(r"([a-z]+\d*)\[", c.shape)) == {"f32"}:
-        return c.bytes * SCORED_ELEMENT_BYTES / 4
-    return float(c.bytes)
+    return _as_bf16(c.shape, c.bytes)
+
+
+def _as_bf16(shape: str, nbytes: float) -> float:
+    if set(re.findall(r"([a-z]+\d*)\[", shape)) == {"f32"}:
+        return nbytes * SCORED_ELEMENT_BYTES / 4
+    return float(nbytes)
+
+
+NOT_KERNELS = {"parameter", "constant", "bitcast", "get-tuple-element", "tuple", "partition-id", "replica-id"}
+
+
+def glue_bytes(text: str) -> float:
+    """Bytes read + written per device by the entry computation's kernels that are neither a matmul
+    (a dot or convolution, or a fusion/call holding one) nor a collective: the glue (norms, adaLN,
+    gates, residuals, RoPE, softmax, layout copies) as XLA:CPU fused it. f32 counted as bf16. Buffers
+    with two token dims (attention scores, L_local × L) are left out: a fused attention kernel never
+    writes them. Informational, not part of the score."""
+    from wancompile.hlo import KINDS, _callees, _shape_bytes, parse_computations
+
+    entry, comps = parse_computations(text)
+    heavy = {c for c, instrs in comps.items() if any(i.op in ("dot", "convolution") for i in instrs)}
+    grew = True
+    while grew:
+        more = {c for c, instrs in comps.items() if c not in heavy and any(_callees(i.rest) & heavy for i in instrs)}
+        heavy |= more
+        grew = bool(more)
+    tokens = math.prod(LATENT) // 4  # patch (1, 2, 2)
+
+    def scores(shape: str) -> bool:
+        dims = [int(d) for m in re.findall(r"\[([\d,]*)\]", shape)[:1] for d in m.split(",") if d]
+        return sum(1 for d in dims if d >= tokens // DEVICES and tokens % d == 0) >= 2
+
+    shapes = {i.name: i.shape for i in comps[entry]}
+    total = 0.0
+    for i in comps[entry]:
+        kind = i.op.removesuffix("-start").removesuffix("-done")
+        if i.op in NOT_KERNELS or kind in KINDS or i.op in ("dot", "convolution") or _callees(i.rest) & heavy:
+            continue
+        for shape in [i.shape] + [shapes[o] for o in i.operands if o in shapes]:
+            if not scores(shape):
+                total += _as_bf16(shape, _shape_bytes(shape))
+    return total
 
 
 def read_bill(path: str):
@@ -372,7 +414,7 @@ def read_bill(path: str):
     mm = parse_matmuls(text)
     dots = sum(m.flops * m.count for m in mm if m.kind == "dot")
     convs = sum(m.flops * m.count for m in mm if m.kind == "convolution")
-    return Bill(coll, dots, convs), observed
+    return Bill(coll, dots, convs, glue_bytes(text)), observed
 
 
 def collective_seconds_fixed(kind: str, axes: tuple[str, ...], count: float, nbytes: float, hw, mesh) -> float:
@@ -395,6 +437,8 @@ class Score:
     flops: float  # dot + convolution, per device, full size
     conv_flops: float
     by_kind: dict
+    glue_bytes: float  # full size
+    glue_seconds: float  # glue_bytes / DRAM bandwidth: informational, not in `seconds`
 
 
 def score(bill: Bill) -> Score:
@@ -409,7 +453,10 @@ def score(bill: Bill) -> Score:
     }
     comm = sum(s for _, _, s in by_kind.values())
     rate = float(hw.peak_flops) * float(hw.efficiency)
-    return Score(flops / rate + comm, comm, flops, bill.conv_flops * FLOPS_SCALE, by_kind)
+    glue = bill.glue_bytes * BYTES_SCALE
+    return Score(
+        flops / rate + comm, comm, flops, bill.conv_flops * FLOPS_SCALE, by_kind, glue, glue / float(hw.dram_bw)
+    )
 
 
 # --- the report ----------------------------------------------------------------------------------------
@@ -452,7 +499,7 @@ def main() -> None:
     plans = make_plans(work, counts if "a" in which else [])
     print(f"planned on meta in {time.perf_counter() - t0:.1f} s; work dir {work}", flush=True)
     print(
-        "full-size auto plan (A14B 720p, wh-galaxy 8x4, 2 experts, 40 blocks): "
+        f"full-size auto plan (A14B 720p, wh-galaxy 8x4, 2 experts, 40 blocks), stream {plans.layout}: "
         + "; ".join(f"{k}={v}" for k, v in plans.strategies.items()),
         flush=True,
     )
@@ -493,6 +540,15 @@ def main() -> None:
         for (k, a), (c, b, sec) in s.by_kind.items():
             print(f"| {w} | {k} | {'+'.join(a)} | {c:g} | {b / 1e9:.3f} | {sec:.4f} |")
 
+    print(
+        "\nNot scored: the glue's memory traffic as compiled (bytes read + written by the main program's non-matmul, "
+        "non-collective kernels, XLA:CPU's fusion, attention scores left out; `glue_bytes`), at the profile's DRAM "
+        "bandwidth. The cost model prices the same glue per op.\n"
+    )
+    print("| plan | glue GB/device (full size, bf16) | glue s at DRAM bandwidth |\n|---|---|---|")
+    for w, s in scores.items():
+        print(f"| {LABEL[w]} | {s.glue_bytes / 1e9:.1f} | {s.glue_seconds:.3f} |")
+
     print("\n| plan | the cost model's prediction, full A14B 720p: s per forward | comm s |\n|---|---|---|")
     for w in ("a", "b"):
         step, comm = plans.predicted[w]
@@ -509,8 +565,8 @@ def main() -> None:
 def _checks(checks: dict) -> None:
     """Predicted vs compiled collectives of the ÷16 main programs (for (c), the hand plan's bill: what
     the same specs compile to through wancompile), side programs, remat warnings."""
+    from planner.collective import Collective
     from planner.mesh import parse_mesh
-    from planner.plan import Collective
     from wancompile.hlo import parse_collectives
     from wancompile.verify import compare_collectives
 

@@ -112,3 +112,43 @@ def test_matmul_flops_refuse_a_while_loop():
     )
     with pytest.raises(ValueError, match="while loop"):
         parse_matmuls(text)
+
+
+# XLA CPU on larger shapes: the slicing fusion sits inside an outlined parallel computation that a
+# `call` runs (to_apply=), as in the ÷16 A14B on 8x4 (bench/bench_score.py, STATE B's row-parallel sums).
+NESTED_SLICE_HLO = """HloModule m
+
+%add (x: f32[], y: f32[]) -> f32[] {
+  %x = f32[] parameter(0)
+  %y = f32[] parameter(1)
+  ROOT %sum = f32[] add(%x, %y)
+}
+
+%fused_slice (param_0: f32[16,32], param_1: u32[]) -> f32[16,8] {
+  %param_0 = f32[16,32]{1,0} parameter(0)
+  %param_1 = u32[] parameter(1)
+  %constant = s32[] constant(0)
+  %offset = s32[] convert(%param_1)
+  ROOT %dynamic-slice.1 = f32[16,8]{1,0} dynamic-slice(%param_0, %constant, %offset), dynamic_slice_sizes={16,8}
+}
+
+%parallel_slice_fusion (p.0: f32[16,32], p.1: u32[]) -> f32[16,8] {
+  %p.0 = f32[16,32]{1,0} parameter(0)
+  %p.1 = u32[] parameter(1)
+  ROOT %slice_fusion.clone = f32[16,8]{1,0} fusion(%p.0, %p.1), kind=kLoop, calls=%fused_slice
+}
+
+ENTRY %main (p0: f32[16,64], p1: f32[64,32]) -> f32[16,8] {
+  %p0 = f32[16,64]{1,0} parameter(0)
+  %p1 = f32[64,32]{1,0} parameter(1)
+  %dot = f32[16,32]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %all-reduce = f32[16,32]{1,0} all-reduce(%dot), channel_id=1, replica_groups={{0,1,2,3}}, use_global_device_ids=true, to_apply=%add
+  %partition-id = u32[] partition-id()
+  ROOT %call = f32[16,8]{1,0} call(%all-reduce, %partition-id), to_apply=%parallel_slice_fusion
+}
+"""
+
+
+def test_an_all_reduce_sliced_inside_an_outlined_call_is_read_as_a_reduce_scatter():
+    found = [(c.kind, c.bytes) for c in parse_collectives(NESTED_SLICE_HLO, MeshSpec((1, 4), ("batch", "model")))]
+    assert found == [("reduce-scatter", 16 * 32 * 4)]

@@ -93,7 +93,18 @@ def group_axes(groups: Sequence[Sequence[int]], mesh: MeshSpec) -> tuple[str, ..
     return tuple(mesh.axis_names[a] for a in sorted(varying))
 
 
+_CALLED = re.compile(
+    r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}"
+)
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<op>[\w\-]+)\((?P<operands>[^)]*)\)")
+
+
+def _callees(line: str) -> set[str]:
+    """Computations an instruction line calls (fusion calls=, call/reduce to_apply=, while, conditional)."""
+    out = set()
+    for single, many in _CALLED.findall(line):
+        out.update([single] if single else re.findall(r"%?([\w.\-]+)", many))
+    return out
 
 
 def _numel(shape: str) -> int:
@@ -127,11 +138,18 @@ def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]
         for o in re.findall(r"%([\w.\-]+)", m.group("operands")):
             if o in users:
                 users[o].append((m.group("shape"), line))
+    # Computations holding a dynamic-slice, directly or through the computations they call: XLA CPU
+    # wraps large fusions in a `call` of an outlined parallel computation (to_apply=) around them.
     slices = {name for name, body in bodies.items() if any(" dynamic-slice(" in b for b in body)}
+    calls = {name: {c for b in body for c in _callees(b)} for name, body in bodies.items()}
+    grew = True
+    while grew:
+        more = {name for name, callees in calls.items() if name not in slices and callees & slices}
+        slices |= more
+        grew = bool(more)
 
     def slicing(line: str) -> bool:
-        called = re.search(r"calls=%([\w.\-]+)", line)
-        return " dynamic-slice(" in line or (called is not None and called.group(1) in slices)
+        return " dynamic-slice(" in line or bool(_callees(line) & slices)
 
     return {
         name
@@ -206,9 +224,6 @@ def main_module(paths: Iterable[Path]) -> Path:
 # --- matmul FLOPs -------------------------------------------------------------------------------------
 
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s+\(.*\{\s*$")
-_CALLED = re.compile(
-    r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}"
-)
 
 
 @dataclass(frozen=True)
@@ -250,10 +265,18 @@ def _matmul_flops(op: str, shape: str, operand_shapes: list[str], rest: str) -> 
     return 2 * out * math.prod(rhs) // rhs[m.group(1).index("o")]  # per output: kernel window × input features
 
 
-def parse_matmuls(hlo_text: str) -> list[HloMatmul]:
-    """Every dot and convolution of an HLO module with its FLOPs per device, ``count`` = executions
-    per call of the entry computation. Raises ValueError on a ``while`` loop (unknown trip count)."""
-    computations: dict[str, list[tuple[str, str, str, str, str]]] = {}  # name, shape, op, operands, rest
+@dataclass(frozen=True)
+class HloInstr:
+    name: str
+    shape: str
+    op: str
+    operands: tuple[str, ...]
+    rest: str  # the text after the operand list: attributes, calls=, to_apply=, ...
+
+
+def parse_computations(hlo_text: str) -> tuple[str, dict[str, list[HloInstr]]]:
+    """(entry computation name, computation name -> its instructions in order) of one HLO module."""
+    computations: dict[str, list[HloInstr]] = {}
     entry, current = None, None
     for line in hlo_text.splitlines():
         head = _COMPUTATION.match(line)
@@ -265,29 +288,37 @@ def parse_matmuls(hlo_text: str) -> list[HloMatmul]:
             continue
         m = _DEF.match(line)
         if m and current is not None:
-            computations[current].append((*m.group("name", "shape", "op", "operands"), line[m.end() :]))
+            operands = tuple(_operand_names(m.group("operands")))
+            computations[current].append(
+                HloInstr(m.group("name"), m.group("shape"), m.group("op"), operands, line[m.end() :])
+            )
     if entry is None:
         raise ValueError("no ENTRY computation in the HLO text")
+    return entry, computations
+
+
+def parse_matmuls(hlo_text: str) -> list[HloMatmul]:
+    """Every dot and convolution of an HLO module with its FLOPs per device, ``count`` = executions
+    per call of the entry computation. Raises ValueError on a ``while`` loop (unknown trip count)."""
+    entry, computations = parse_computations(hlo_text)
     runs: dict[str, int] = {}
 
     def visit(name: str, times: int) -> None:
         runs[name] = runs.get(name, 0) + times
-        for instr, _, op, _, rest in computations.get(name, []):
-            if op == "while":
-                raise ValueError(f"{instr}: a while loop; its trip count is not in the HLO text")
-            for single, many in _CALLED.findall(rest):
-                for callee in [single] if single else re.findall(r"%?([\w.\-]+)", many):
-                    visit(callee, times)
+        for instr in computations.get(name, []):
+            if instr.op == "while":
+                raise ValueError(f"{instr.name}: a while loop; its trip count is not in the HLO text")
+            for callee in _callees(instr.rest):
+                visit(callee, times)
 
     visit(entry, 1)
     out = []
     for comp, instrs in computations.items():
         if not runs.get(comp):
             continue
-        shapes = {instr[0]: instr[1] for instr in instrs}
-        for name, shape, op, operands, rest in instrs:
-            if op not in ("dot", "convolution"):
-                continue
-            flops = _matmul_flops(op, shape, [shapes[n] for n in _operand_names(operands)], rest)
-            out.append(HloMatmul(op, name, shape.strip(), flops, runs[comp]))
+        shapes = {i.name: i.shape for i in instrs}
+        for i in instrs:
+            if i.op in ("dot", "convolution"):
+                flops = _matmul_flops(i.op, i.shape, [shapes[n] for n in i.operands], i.rest)
+                out.append(HloMatmul(i.op, i.name, i.shape.strip(), flops, runs[comp]))
     return out
