@@ -28,6 +28,7 @@ from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
 from planner.ilp import Edge, Group, Infeasible, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
+from planner.packing import packed_operand
 from planner.placements import Guard, Layout, as_number, numel, shard_count
 from planner.plan import (
     ActivationConstraint,
@@ -532,6 +533,8 @@ class _Ctx:
             for e in ev.events:
                 events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
             forced_block.update(s.forced)
+            # a packed weight (planner.packing) is pinned where the packing ends: the fold program's output
+            forced_block.update({x.node: s.params[x.node] for x in m.packed})
         for a, b, l_sig in self._sigma_changes(chosen):
             if self._read_only_by(a, l_sig, chosen):
                 forced_block[a] = self.stream(l_sig)
@@ -635,7 +638,8 @@ class _Ctx:
         spec0: dict[str, tuple] = {}
         for m in self.st.block_macros + self.st.root_macros:
             for p, lay in chosen[m.name].params.items():
-                spec0[self.g[p].param] = lay.to_spec()
+                if self.g[p].is_param:  # not a packed weight: that one is an activation constraint
+                    spec0[self.g[p].param] = lay.to_spec()
         out = {}
         for node in self.g.params():
             name = node.param
@@ -670,7 +674,9 @@ class _Ctx:
         for name, lay in forced.items():
             node = self.g[name]
             if node.block is None:
-                acts.append(ActivationConstraint(node.location, lay.to_spec(), node.out.shape, reason=_reason(node)))
+                acts.append(
+                    ActivationConstraint(node.location, lay.to_spec(), node.out.shape, reason=_reason(self.g, node))
+                )
                 continue
             for k in range(self.n):
                 loc = type(node.location)(
@@ -678,7 +684,7 @@ class _Ctx:
                     node.location.op,
                     node.location.occurrence,
                 )
-                acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node)))
+                acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(self.g, node)))
         if any(s for s in self._sigmas):
             from planner.hand_plans import _rope_tables
 
@@ -744,7 +750,9 @@ def _weight_bytes(graph: Graph, specs: Mapping, mesh: MeshSpec, values, num_bloc
     return (whole + block0 * (num_blocks - 1)) * copies
 
 
-def _reason(node) -> str:
+def _reason(graph: Graph, node) -> str:
+    if packed_operand(graph, node.name) is not None:
+        return "packed projection weight (folded once per weight version): its sources carry the same spec"
     if node.op == "linear":
         return "linear output pinned to the planned layout (tokens on the SP axes, features on the TP axes)"
     if node.op == "permute":

@@ -37,12 +37,13 @@ merged or split dim the constraint would shard (see docs/planner.md).
 from __future__ import annotations
 
 import itertools
-import re
 from dataclasses import dataclass, field
+from dataclasses import replace as dc_replace
 from typing import Optional
 
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec
+from planner.packing import Packed, packed_operand, source_layouts
 from planner.placements import Guard, Layout, divides, shard_count
 from planner.plan import Exclusion
 
@@ -59,6 +60,8 @@ class Macro:
     width: int  # heads (attention) or hidden features (mlp)
     self_attention: bool = False
     sdpa: Optional[str] = None
+    qkv: tuple[str, ...] = ()  # the linear producing each of SDPA's q, k, v (one linear twice when fused)
+    packed: tuple[Packed, ...] = ()  # weights/biases the macro's linears read packed from parameters
 
 
 Stream = tuple[tuple[str, ...], tuple[str, ...]]  # (axes splitting the stream's tokens, its hidden dim)
@@ -208,30 +211,41 @@ def block_stack_entry(graph: Graph) -> Node:
 
 
 def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node]) -> Macro:
-    names = {n.name for n in ns}
     params = tuple(dict.fromkeys(i for n in ns for i in n.inputs if graph[i].is_param))
     linears = tuple(n.name for n in ns if n.op == "linear")
+    packed = tuple(
+        p
+        for lin in linears
+        for p in (packed_operand(graph, w) for w in graph[lin].inputs[1:])
+        if p is not None and p.node in {n.name for n in ns}
+    )
+    folded = {x for p in packed for x in p.nodes}
+    nodes = tuple(n.name for n in ns if n.name not in folded)  # packing runs once per weight version, not per call
     sdpa = next((n for n in ns if n.op == "scaled_dot_product_attention"), None)
     if sdpa is not None:
         heads = int(sdpa.out.shape[1])
-        q = graph[linears[0]]
-        k = next((graph[x] for x in linears[1:] if graph[x].module.endswith(("to_k", "add_k_proj"))), None)
-        if k is None:
-            # The qkv rewrite packs the projections into one in-graph weight; GSPMD partitions the
-            # packing differently from what the rules predict (measured: extra all-gathers and
-            # collective-permutes on 2x4), so such graphs are refused rather than mispredicted.
-            raise StructureError(
-                f"{module}: fused QKV projection (the 'qkv' rewrite). The auto planner does not plan fused "
-                "projections yet; compile without 'qkv' in the rewrites option, or with plan='tt-xla' "
-                "(whose head-aligned specs keep the fused program identical to the unfused one)"
-            )
+        inside = set(nodes)
+        qkv = tuple(_producing_linear(graph, x, inside, module) for x in sdpa.inputs[:3])
+        q, k = graph[qkv[0]], graph[qkv[1]]
         self_attn = q.inputs[0] == k.inputs[0]
         return Macro(
-            name, "attention", module, in_block, tuple(n.name for n in ns), params, linears, heads, self_attn, sdpa.name
+            name, "attention", module, in_block, nodes, params, linears, heads, self_attn, sdpa.name, qkv, packed
         )
     width = int(graph[linears[0]].out.shape[-1])
-    del names
-    return Macro(name, "mlp", module, in_block, tuple(n.name for n in ns), params, linears, width)
+    return Macro(name, "mlp", module, in_block, nodes, params, linears, width, packed=packed)
+
+
+def _producing_linear(graph: Graph, name: str, inside: set[str], module: str) -> str:
+    """The linear whose output an SDPA operand is (through views, norms, RoPE, casts): walk the
+    first tensor input back. Fused projections (the qkv rewrite) give one linear for several."""
+    x = graph[name]
+    while x.op != "linear":
+        if x.name not in inside or not x.inputs:
+            raise StructureError(
+                f"{module}: cannot trace {graph[name].location} back to a projection inside the attention"
+            )
+        x = graph[x.inputs[0]]
+    return x.name
 
 
 # --- enumeration --------------------------------------------------------------------------------------
@@ -304,6 +318,8 @@ def strategies(
                     candidates.append(_make(graph, macro, mesh, sigma, tp, ulysses, fsdp, guards + extra, stream))
             for s in candidates:
                 bad = undivided(graph, mesh, s, values)
+                if not bad:
+                    s, bad = with_sources(graph, mesh, macro, s)
                 if bad:
                     why.append(Exclusion(s.name, bad))
                 else:
@@ -363,11 +379,16 @@ def _make(
     fs = sigma if fsdp else ()
     first = macro.linears[0]
     col = macro.linears[:-1] if macro.kind == "attention" else (first,)
+    packed = {p.node for p in macro.packed}
     for lin_name in macro.linears:
         lin = graph[lin_name]
         w, b = lin.inputs[1], (lin.inputs[2] if len(lin.inputs) > 2 else None)
         if lin_name in col:
-            params[w] = Layout((tp + fs, ()))
+            # A packed weight keeps dim 0 head-aligned (whole q/k/v heads per shard, so the packing
+            # needs no communication): its FSDP split joins TP there where the heads allow it (as
+            # unfused: the same program), else it goes on the input features.
+            aligned = w not in packed or macro.width % shard_count(mesh, tp + fs) == 0
+            params[w] = Layout((tp + fs, ())) if aligned else Layout((tp, fs))
             if b:
                 params[b] = Layout((tp,))
         else:
@@ -377,9 +398,8 @@ def _make(
     for p in macro.params:
         if p not in params:
             node = graph[p]
-            module = node.module
-            if macro.kind == "attention" and re.search(r"norm_(q|k|added_k)$", module):
-                params[p] = Layout((tp,))  # gamma split like the TP-split activation it scales
+            if macro.kind == "attention" and _scales_projection(graph, macro, p):
+                params[p] = Layout((tp,))  # norm_q/k gamma split like the TP-split activation it scales
             else:
                 params[p] = Layout.replicated(len(node.out.shape))
     forced: dict[str, Layout] = {}
@@ -409,6 +429,12 @@ def _make(
                 # modulated stream) whole on the dims the stream splits beyond σ
                 src = graph[lin.inputs[0]]
                 forced[src.name] = Layout(((),) * (len(src.out.shape) - 2) + (tuple(sigma), ()))
+    elif not macro.in_block and tp:
+        # An embedder's row-parallel output whole, as the rules have it: unpinned, GSPMD merges the
+        # all-reduce into a consumer that splits its features (a packed K/V weight's FSDP split on
+        # the input features) and reduces axis by axis instead (measured on 2x4).
+        last = graph[macro.linears[-1]]
+        forced[last.name] = Layout.replicated(len(last.out.shape))
     if macro.kind == "attention" and macro.self_attention and sigma:
         sdpa = graph[macro.sdpa]
         q, k, v = sdpa.inputs[:3]
@@ -418,14 +444,18 @@ def _make(
                 forced[x] = Layout(((), heads, (), ()))
                 # entry: the (B, L, H, d) operand of each permute stays token-split (after RoPE),
                 # so the all-to-all sits exactly at the permute, not inside RoPE's strided writes
+                # (through reshapes: a fused projection's V is a getitem of the packed (B, L, H, 3, d)
+                # output, which GSPMD would otherwise all-to-all whole, 3x the bytes; measured on 2x4)
                 src = graph[graph[x].inputs[0]]
-                if src.op not in _RESHAPES:
+                while src.op in _RESHAPES:
+                    src = graph[src.inputs[0]]
+                if src.op != "linear" and len(src.out.shape) == 4:
                     forced[src.name] = Layout(((), sigma, tp, ()))
             forced[sdpa.name] = Layout(((), heads, (), ()))  # exit of the head-split region, then back to tokens
             back = next(u for u in graph.users(sdpa.name) if u.op == "permute")
             forced[back.name] = Layout(((), sigma, tp, ()))
         else:
-            for lin_name in macro.linears[1:3]:  # to_k, to_v: keep the projection token-local
+            for lin_name in dict.fromkeys(macro.qkv[1:]):  # K's and V's projections: keep them token-local
                 forced[lin_name] = Layout(((), sigma, tp))
             for x in (k, v):
                 forced[x] = Layout(((), tp, (), ()))
@@ -433,12 +463,36 @@ def _make(
     return Strategy(name, sigma, tp, ulysses, fsdp, params, forced, guards, stream)
 
 
+def with_sources(graph: Graph, mesh: MeshSpec, macro: Macro, s: Strategy) -> tuple[Strategy, str]:
+    """`s` with the source parameters of each packed weight of `macro` laid out like the packed
+    value (planner.packing), and ""; or `s` and why the packing cannot keep its layout."""
+    params = dict(s.params)
+    for p in macro.packed:
+        lays, why = source_layouts(graph, p, s.params[p.node], mesh)
+        if why:
+            return s, why
+        params.update(lays)
+    return dc_replace(s, params=params), ""
+
+
+def _scales_projection(graph: Graph, macro: Macro, param: str) -> bool:
+    """Is `param` the gamma of an RMSNorm over a q/k projection's output (norm_q, norm_k)?"""
+    for u in graph.users(param):
+        if u.op == "rms_norm" and u.name in macro.nodes:
+            x = graph[u.inputs[0]]
+            while x.op != "linear" and x.inputs and x.name in macro.nodes:
+                x = graph[x.inputs[0]]
+            if x.name in macro.qkv:
+                return True
+    return False
+
+
 _RESHAPES = ("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze")
 
 
 def _reads_stream(graph: Graph, macro: Macro, lin: Node) -> bool:
     """True unless the linear reads the text states (cross-attention K/V: tokens never split)."""
-    return not (macro.kind == "attention" and not macro.self_attention and lin.name in macro.linears[1:-1])
+    return macro.self_attention or lin.name not in macro.qkv[1:] or lin.name == macro.qkv[0]
 
 
 def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool, stream: Stream = ((), ())) -> str:

@@ -168,6 +168,15 @@ def stream_layout(key: tuple, meta: TensorMeta) -> Layout:
     return Layout(tuple(dims))
 
 
+def _conv_layout(key: tuple, conv: Node) -> Layout:
+    """A conv's output under a stream key; a conv1x1-rewritten linear's output is channel-last
+    (B, T, H, W, C), so its H and W sit one dim earlier."""
+    lay = stream_layout(key, conv.out)
+    if conv.op != "linear":
+        return lay
+    return Layout((lay.dims[0],) + lay.dims[2:] + (lay.dims[1],))
+
+
 def _key_name(key: tuple) -> str:
     if key[0] != "hw":
         return "replicated"
@@ -234,6 +243,7 @@ def macro_strategies(
     out: list[VaeStrategy] = []
     rep = {p: Layout.replicated(len(graph[p].out.shape)) for p in m.params}
     convs = [graph[x] for x in m.nodes if graph[x].op in ("conv3d", "conv2d")]
+    convs += [graph[x] for x in m.nodes if graph[x].op == "linear" and len(graph[x].out.shape) == 5]  # 1x1x1, rewritten
     out.append(VaeStrategy("replicated", ("rep",), rep, {c.name: Layout.replicated(len(c.out.shape)) for c in convs}))
     axes = [a for a in mesh.axis_names if mesh.axis_size(a) > 1]
     for key in spatial_keys(mesh):
@@ -247,7 +257,11 @@ def macro_strategies(
             frames = _attention_frames(graph, m, key, mesh, why)
             out.extend(frames)
             continue
-        forced = {c.name: stream_layout(key, c.out) for c in convs}
+        forced = {c.name: _conv_layout(key, c) for c in convs}
+        for c in convs:
+            if c.op == "linear" and key[1] and key[2]:
+                # its rows are gathered (planner.rules.matmul): W first, then H, as GSPMD does (2x2)
+                forced[c.inputs[0]] = _conv_layout(("hw", key[1], ()), c)
         out.append(VaeStrategy(f"spatial({_key_name(key)})", key, rep, forced))
     if m.kind == "resblock":
         conv1 = next((c for c in convs if c.module.endswith(".conv1")), None)
@@ -277,25 +291,40 @@ def macro_strategies(
 def _attention_gather(graph: Graph, m: Macro, key: tuple) -> dict:
     """Gather the normalised (N, C, H, W) input, attend replicated, slice the output back."""
     nodes = [graph[x] for x in m.nodes]
-    qkv = next(n for n in nodes if n.op == "conv2d")
+    qkv = next(n for n in nodes if n.op in _PROJECTIONS)
     normed = graph[qkv.inputs[0]]
     last = next(n for n in reversed(nodes) if n.outputs and len(n.out.shape) == 5)
     # every value between the gather and the slice-back pinned whole: with only the gather pinned,
     # GSPMD re-split the attention's internals on a 2-D (H, W) split (extra gathers, an all-reduce)
-    inner = [n for n in nodes if n.op in ("conv2d", "scaled_dot_product_attention")]
+    inner = [n for n in nodes if n.op in _PROJECTIONS + ("scaled_dot_product_attention",)]
     forced = {n.name: Layout.replicated(len(n.out.shape)) for n in [normed, *inner]}
     forced[last.name] = stream_layout(key, last.out)
-    norm = next((n for n in nodes if n.op in ("normalize", "rms_norm") and len(n.out.shape) == 4), None)
+    norm = _norm_output(nodes)
     if key[1] and key[2] and norm is not None and norm.name != normed.name:
         # a 2-D split is gathered W first, then H (the order GSPMD chose, measured on 2x2)
         forced[norm.name] = Layout(((), (), key[1], ()))
     return forced
 
 
+# The attention's q/k/v and output projections: 1x1 conv2ds, or linears after the conv1x1 rewrite
+# (read channel-last through a movedim).
+_PROJECTIONS = ("conv2d", "linear")
+
+
+def _norm_output(nodes: list[Node]) -> Optional[Node]:
+    """The attention norm's (N, C, H, W) output: the normalize itself, or after the rmsnorm rewrite
+    the movedim that brings its channel-last ``rms_norm`` back to channels first."""
+    at = next((i for i, n in enumerate(nodes) if n.op in ("normalize", "rms_norm")), None)
+    frames = next((n for n in nodes if n.outputs and len(n.out.shape) == 4), None)
+    if at is None or frames is None:
+        return None
+    return next((n for n in nodes[at:] if n.outputs and n.out.shape == frames.out.shape), None)
+
+
 def _attention_frames(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, why: list[Exclusion]) -> list[VaeStrategy]:
     """Frames (B*T) split over the axes of the stream key: the attention needs no communication."""
     nodes = [graph[x] for x in m.nodes]
-    qkv = next(n for n in nodes if n.op == "conv2d")
+    qkv = next(n for n in nodes if n.op in _PROJECTIONS)
     normed = graph[qkv.inputs[0]]
     sdpa = next((n for n in nodes if n.op == "scaled_dot_product_attention"), None)
     last = next(n for n in reversed(nodes) if n.outputs and len(n.out.shape) == 5)

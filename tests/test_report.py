@@ -123,7 +123,7 @@ def test_auto_plan_md_golden(auto_dir):
 | memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
 | parallelism | SP: tokens over batch (2); TP: none in self-attention |
 | collectives per block | 7 big + 0 small (6 all-gather on batch, 1 all-reduce on model) |
-| parameters | 71 (17 sharded); 24 activation constraints |
+| parameters | 71 (17 sharded); 25 activation constraints |
 
 ## Decisions
 

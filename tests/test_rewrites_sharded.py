@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from planner.plan import PlanError
-from planner.strategies import StructureError
 from wancompile.verify import numerics, placeholder_args, run_with_backend
 
 from conftest import raises_from_backend
@@ -80,8 +79,3 @@ def test_auto_plan_after_rope_patch_embed_and_sp_pad_compiles_to_its_prediction(
     assert any("SP(" in d.strategy for d in program.plan.decisions)  # a sharded plan, not replication
     matches = compare_collectives(program.plan.collectives, program.collectives())
     assert all(m.count_ok and m.bytes_ok() for m in matches), "\n".join(map(str, matches))
-
-
-def test_auto_planner_refuses_qkv_fused_graphs_by_name(tiny_model, tiny_inputs):
-    with raises_from_backend(StructureError, r"fused QKV projection.*compile without 'qkv'.*plan='tt-xla'"):
-        compile_and_check(tiny_model, tiny_inputs, mesh="2x4", rewrites=["qkv"])

@@ -56,7 +56,7 @@ def wan_autoshard(
     )
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
     model = _model_name(gm)
-    gm, records = _rewrite(gm, mesh, opts)
+    gm, records = rewrite_graph(gm, mesh, opts.rewrites, opts.hardware)
     if model == "wan-vae":  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
         from wancompile.vae.legalize import fold_conv_padding
 
@@ -95,18 +95,21 @@ def wan_autoshard(
     return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
 
 
-def _rewrite(gm: fx.GraphModule, mesh: MeshSpec, opts: Options) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
-    """Run the selected rewrites on a copy of dynamo's graph; sp_pad pads tokens to a multiple of
-    the SP degree (the first mesh axis) times the hardware's tile."""
-    if not opts.rewrites:
+def rewrite_graph(
+    gm: fx.GraphModule, mesh: MeshSpec, rewrites: tuple[str, ...], hardware: Optional[str] = None
+) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
+    """Run the `rewrites` (pass names) on a copy of dynamo's graph, as the backend does before
+    planning; sp_pad pads tokens to a multiple of the SP degree (the first mesh axis) times the
+    hardware's tile. Returns the graph and the records a plan made for it carries."""
+    if not rewrites:
         return gm, ()
     from planner.hardware import get_profile
     from rewrites import RewriteContext, apply_rewrites
 
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
-    tile = get_profile(opts.hardware or default_hardware(mesh)).tile
+    tile = get_profile(hardware or default_hardware(mesh)).tile
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
-    gm, reports = apply_rewrites(gm, opts.rewrites, RewriteContext(sp_multiple=sp * tile))
+    gm, reports = apply_rewrites(gm, rewrites, RewriteContext(sp_multiple=sp * tile))
     gm.recompile()
     for r in reports:
         for reason in r.skipped:

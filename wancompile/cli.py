@@ -124,6 +124,12 @@ def _parser() -> argparse.ArgumentParser:
         "model decides (auto, default); every option is priced and written to the plan",
     )
     plan.add_argument(
+        "--rewrites",
+        default="none",
+        help="graph rewrites to run before planning, as the backend's `rewrites` option: 'all', 'none' "
+        "(default) or a comma-separated list of qkv, rmsnorm, conv1x1, patch_embed, rope, sp_pad",
+    )
+    plan.add_argument(
         "--hand",
         choices=["tt-xla"],
         default=None,
@@ -192,6 +198,12 @@ def _check_plan_args(args: argparse.Namespace):
             file=sys.stderr,
         )
     _check_out_dir(Path(args.out), "--out")
+    from wancompile.options import OptionsError, parse_rewrites
+
+    try:
+        args.rewrites = parse_rewrites(args.rewrites)
+    except OptionsError as e:
+        raise UsageError(f"--rewrites: {e}") from None
     return spec, mesh
 
 
@@ -224,7 +236,13 @@ def plan_command(args: argparse.Namespace) -> int:
         inputs = transformer_inputs(
             args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch
         )
-        graph, _ = capture_module(module, **inputs, return_dict=False, model=args.model)
+        graph, gm = capture_module(module, **inputs, return_dict=False, model=args.model)
+        if args.rewrites:
+            from wancompile.backend import rewrite_graph
+            from wancompile.capture import annotate
+
+            gm, records = rewrite_graph(gm, mesh, args.rewrites, args.hardware)
+            graph = annotate(gm, model=args.model)
     log.info("captured %s", graph.summary())
 
     from planner.cfg import plan_dit
@@ -253,6 +271,8 @@ def plan_command(args: argparse.Namespace) -> int:
                 time_limit_s=args.time_limit,
                 model=args.model,
             )
+    if args.rewrites:
+        plan = plan.with_(rewrites=records)
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
 

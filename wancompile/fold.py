@@ -28,14 +28,16 @@ What is folded — a call node is foldable when
   * every node it reads is a parameter placeholder or foldable (literals are fine), so at least one
     parameter is an ancestor: pure-constant ops (``arange`` masks) stay in-graph for XLA to fold;
   * it is pure and deterministic: no in-place op or ``inplace=``/``out=``, no ``setitem``, nothing
-    random (``rand*``, ``dropout``, ``bernoulli``, ``normal``, ...), not a sharding constraint, and
-    not constrained itself (the constraint stays on an in-graph value);
+    random (``rand*``, ``dropout``, ``bernoulli``, ``normal``, ...), not a sharding constraint;
   * it moves nothing between host and device (``.to(device)``, ``.cpu()``, ``.item()``, ...) and
     is not a materializing broadcast (``expand``, ``repeat``, ...: XLA fuses those in-graph);
   * no parameter it (transitively) reads is mutated anywhere in the graph;
 and a folded value handed to the main program must be a tensor no larger than the parameters it
 reads (no folded ``expand``/broadcast materializing more than the weights: XLA fuses those).
-Views of one parameter (``.t()``, ``.float()``, a slice) fold under the same rules.
+Views of one parameter (``.t()``, ``.float()``, a slice) fold under the same rules. A sharding
+constraint on a folded value (the auto plan pins a packed projection weight, planner/packing.py)
+moves into the fold program with it, so the value leaves the fold program with the plan's layout
+and the main program reads exactly that sharding, not what GSPMD propagated.
 """
 
 from __future__ import annotations
@@ -149,12 +151,14 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
                 and inputs
                 and node not in banned
                 and all(i in foldable or (i in sources and i not in banned) for i in inputs)
-                and not any(u.target is _constrain for u in node.users)
             ):
                 foldable.add(node)
                 ancestors[node] = set().union(*(ancestors.get(i, {i}) for i in inputs))
         bad_sources = {s for n in mutated for s in (ancestors.get(n, {n}) if (n in foldable or n in sources) else ())}
-        boundary = [n for n in gm.graph.nodes if n in foldable and any(u not in foldable for u in n.users)]
+        moved = {u for n in foldable for u in n.users if u.target is _constrain}  # constraints of folded values
+        boundary = [
+            n for n in gm.graph.nodes if n in foldable and any(u not in foldable and u not in moved for u in n.users)
+        ]
         too_big = [n for n in boundary if _numel(n) is None or _numel(n) > sum(_numel(s) or 0 for s in ancestors[n])]
         if not (bad_sources - banned) and not too_big:
             break
@@ -172,6 +176,8 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
     for node in gm.graph.nodes:
         if node in foldable:
             env[node] = fold_graph.node_copy(node, lambda n: env[n])
+        elif node in moved:
+            fold_graph.node_copy(node, lambda n: env[n])
     fold_graph.output(tuple(env[n] for n in boundary))
     fold = fx.GraphModule(gm, fold_graph)
 
@@ -184,7 +190,7 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
             ph = main.graph.placeholder(f"folded_{node.name}")
         ph.meta = dict(node.meta)
         by_name[node.name].replace_all_uses_with(ph)
-    folded_names = {n.name for n in foldable}
+    folded_names = {n.name for n in foldable | moved}
     for node in reversed(list(main.graph.nodes)):
         if node.name in folded_names:
             main.graph.erase_node(node)

@@ -415,7 +415,13 @@ class ShardedProgram:
         before = hlo.dump_state(dump) if dump else {}
         values = self.fold.get(args, device_arg)
         if dump and self.fold.runs > runs:
-            key = hashlib.sha1((self.fold.split.fold.code + self._program_key(values)).encode()).hexdigest()
+            # What the fold program's HLO depends on: its ops (constraints included, node names not),
+            # its inputs' specs and shapes — not the rest of the plan, or a second plan with the same
+            # packing (served by XLA's compile cache, so no new dump) would find no HLO.
+            inputs = [(self._input_specs[i], tuple(args[i].shape), str(args[i].dtype)) for i in self.fold.split.sources]
+            key = hashlib.sha1(
+                (_structure(self.fold.split.fold) + repr(inputs) + json.dumps(self.plan.mesh.to_json())).encode()
+            ).hexdigest()
             new = hlo.new_modules(dump, before)
             if new:
                 _HLO_BY_PROGRAM[key] = hlo.main_module(new)
@@ -462,6 +468,17 @@ class ShardedProgram:
         return ShardedProgram(
             self.source, self.graph, Plan(self.plan.model, self.plan.mesh, replicated_params(self.graph)), self.mesh
         )
+
+
+def _structure(gm: fx.GraphModule) -> str:
+    """The ops of `gm` and how they connect, without node names (equal for equal programs)."""
+    index = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return repr(
+        [
+            (n.op, getattr(n.target, "__qualname__", str(n.target)), fx.node.map_arg((n.args, n.kwargs), index.get))
+            for n in gm.graph.nodes
+        ]
+    )
 
 
 def _to_host(out: Any, device: torch.device) -> Any:

@@ -174,7 +174,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         plan=plan,
         memory_gb=memory_gb,
         verify=verify,
-        rewrites=_parse_rewrites(raw.get("rewrites", "none")),
+        rewrites=parse_rewrites(raw.get("rewrites", "none")),
         weight_sets=int(weight_sets),
         cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
     )
@@ -225,7 +225,7 @@ def _default_names(ndim: int) -> tuple[str, ...]:
         raise OptionsError(f"option 'mesh': {e}") from None
 
 
-def _parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
+def parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
     if isinstance(value, str):
         if value.strip().lower() == "all":
             return REWRITE_NAMES

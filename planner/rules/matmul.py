@@ -13,7 +13,9 @@ Einsum ``...k, nk -> ...n``. Per mesh axis (one-axis table):
 
 x's last dim is sliced locally (free) or gathered to match the weight's contraction split; an x split
 on K over axes the weight does not use (a hidden-split stream entering a replicated projection) is
-met by slicing the weight instead, the output then reduced — what GSPMD does rather than gather x.
+met by slicing the weight instead, the output then reduced — what GSPMD does rather than gather x. x's
+leading dims are flattened into the dot's rows by the lowering: a split there that would not leave
+each device one contiguous run of rows is gathered first (`_rows`).
 """
 
 from __future__ import annotations
@@ -22,8 +24,24 @@ from planner.placements import Layout, numel, shard_count
 from planner.rules import InOpComm, OpView, RuleResult, register_rule
 
 
+def _rows(op: OpView, x: int, xl: Layout) -> Layout:
+    """x's layout as the product can keep it. torch_xla lowers the product as a 2-D dot over x's
+    leading dims flattened into rows: their split survives only while each device's rows stay one
+    contiguous run (every dim before the last split one has one element per device), else the rows
+    are gathered first (measured: a conv1x1-rewritten VAE linear on an H/W-split (B, T, H, W, C)
+    all-gathers H and W; the DiT's (B, L, D) with B whole or split to 1 keeps L split)."""
+    lead = xl.dims[:-1]
+    split = [i for i, axes in enumerate(lead) if axes]
+    if not split:
+        return xl
+    local = op.local(op.shape(x)[:-1], Layout(lead))
+    if all(local[i] == 1 for i in range(split[-1])):
+        return xl
+    return Layout(((),) * len(lead) + (xl.dims[-1],))
+
+
 def _linear(op: OpView, x: int, w: int, b: int | None, w_nk: bool) -> RuleResult:
-    xl = op.keep(x) or Layout.replicated(op.ndim(x))
+    xl = _rows(op, x, op.keep(x) or Layout.replicated(op.ndim(x)))
     wl = op.keep(w) or Layout.replicated(op.ndim(w))
     n_dim, k_dim = (0, 1) if w_nk else (1, 0)
     batch_axes = {a for dims in xl.dims[:-1] for a in dims}

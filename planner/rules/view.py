@@ -1,4 +1,4 @@
-"""View ops: permute, transpose, unsqueeze, expand, flatten, unflatten, view, reshape, squeeze.
+"""View ops: permute, movedim, transpose, unsqueeze, expand, flatten, unflatten, view, reshape, squeeze.
 
 Reshapes are matched group by group: input dims and output dims whose products are equal form a
 group (``(F, H, W) -> L``, ``D -> (H, d)``). Within a group a shard survives only on the *leading*
@@ -116,6 +116,23 @@ def _int_list(values: list) -> list[int]:
 def permute_rule(op: OpView) -> RuleResult:
     lay = op.keep(0) or Layout.replicated(op.ndim(0))
     perm = [norm_dim(d, lay.ndim) for d in _int_list(op.args[1:] or [op.kwargs.get("dims")])]
+    return RuleResult((lay,), (Layout(tuple(lay.dims[p] for p in perm)),))
+
+
+@register_rule("movedim", "moveaxis")
+def movedim_rule(op: OpView) -> RuleResult:
+    """``movedim(x, source, destination)``: a permute (the conv1x1 / rmsnorm rewrites' channel-last moves)."""
+    lay = op.keep(0) or Layout.replicated(op.ndim(0))
+    nd = lay.ndim
+    src, dst = (
+        [norm_dim(int(d), nd) for d in (v if isinstance(v, list) else [v])]
+        for v in (op.arg(1, "source"), op.arg(2, "destination"))
+    )
+    order: list = [None] * nd
+    for s, d in zip(src, dst):
+        order[d] = s
+    rest = iter(d for d in range(nd) if d not in src)
+    perm = [s if s is not None else next(rest) for s in order]
     return RuleResult((lay,), (Layout(tuple(lay.dims[p] for p in perm)),))
 
 
