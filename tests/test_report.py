@@ -184,7 +184,7 @@ Block total: 200.4 us (compute 133.9 us + comm 66.5 us) x 2 blocks = 0.401 ms pe
 | `rope:reshape#0` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
 | `rope:reshape#1` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
 | `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 0.0 |
-| `condition_embedder.time_embedder.linear_2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 64 (S(1), R) | 1 x 64 (R, R) | -- | all-reduce on batch | 128 B | 21.9 |
+| `condition_embedder.time_embedder.linear_2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 64 (S(1), R) | 1 x 64 (R, R) | `(R, R)` | all-reduce on batch | 128 B | 21.9 |
 | `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 16 (R, R) | `(R, R)` | all-gather on batch | 1.5 KiB | 13.4 |
 
 Prologue 56.9 us, epilogue 20.6 us (compute + comm).
