@@ -630,9 +630,23 @@ class _Ctx:
                     and i != self.st.entry
                     and src.op != "placeholder"
                     and i not in out
+                    and self._reads_a_placeholder(i)
                 ):
                     out.append(i)
         return out
+
+    def _reads_a_placeholder(self, name: str) -> bool:
+        """Whether `name` depends on a model input or parameter: a value made from literals alone
+        (sp_pad's key mask, an ``arange`` on the host) has nothing to pin and may not live on the device."""
+        todo, seen = [name], set()
+        while todo:
+            x = self.g[todo.pop()]
+            if x.op == "placeholder":
+                return True
+            if x.name not in seen:
+                seen.add(x.name)
+                todo.extend(x.inputs)
+        return False
 
     def _params(self, chosen) -> dict:
         spec0: dict[str, tuple] = {}

@@ -5,7 +5,10 @@ runs ``scaled_dot_product_attention`` is an **attention** macro (its to_q/k/v, n
 to_out all switch together); a child with two linears and no attention is an **MLP** macro (a
 col -> row Megatron pair); root modules with exactly two linears (the time/text embedders) are MLP
 macros too. Everything else in the block (norms, adaLN modulation, residual adds) is glue that follows
-the stream layout of the next macro — Alpa's follower merging, by construction.
+the stream layout of the next macro — Alpa's follower merging, by construction. An attention's
+projections are found by dataflow too (each SDPA operand walked back to the linear producing it), so
+the ``qkv`` rewrite's fused projections plan like the three they replace; their packed weights are
+laid out as parameters (`planner.packing`).
 
 A `Strategy` of a macro is a sequence-parallel axis set σ (the token dim of the stream is split over
 σ), a tensor-parallel axis set t (heads / FFN columns split over t, disjoint from σ), and flags:

@@ -30,7 +30,7 @@ CASES = {
     "2x4": (
         8,
         [
-            ("tight", {"memory_gb": 0.0003}, None),  # FSDP everywhere; one SP axis across macros
+            ("tight", {"memory_gb": 0.00032}, None),  # FSDP everywhere; one SP axis across macros
             ("ample", {}, None),
             ("ulysses", {}, {"attn1": r"^Ulysses\(batch\)$"}),
             ("kv-gather", {}, {"attn1": r"^SP\(batch\)\+KV-gather$", "attn2": r"^SP\(batch\)$"}),
@@ -40,6 +40,10 @@ CASES = {
                 {},
                 {"attn1": r"^head-TP\(model\)\+SP\(batch\)\+FSDP$", "attn2": r"^head-TP\(model\)\+SP\(batch\)\+FSDP$"},
             ),
+            # the stream layouts beyond STATE A with the fused projections: hidden split over TP between
+            # macros (STATE B), tokens split over TP too (sequence-parallel Megatron)
+            ("state-b", {}, {m: r"\+SP\(batch\)\+hidden\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+            ("sp-megatron", {}, {m: r"\+SP\(batch\)\+seq\(model\)$" for m in ("attn1", "attn2", "ffn")}),
         ],
     ),
     "8x4": (32, [("tight", {"memory_gb": 0.00025}, None), ("ample", {}, None)]),
