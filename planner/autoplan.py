@@ -551,8 +551,25 @@ class _Ctx:
             for e in ev.events:
                 events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
             forced_block.update(s.forced)
-        for a, b, l_sig in self._sigma_changes(chosen):
-            forced_block[a] = self.stream(l_sig)
+        pins = list(forced_block.items())  # (node, layout) in order; a node may be pinned twice
+        copies: list[tuple[str, int, Layout]] = []  # (reader, input index, layout of its copy)
+        changes = self._sigma_changes(chosen)
+        out_changed = any(readers is None for *_, readers in changes)
+        for a, b, l_sig, readers in changes:
+            if readers is None:
+                # the block output: pinned where it is made (else GSPMD moves the change back into the
+                # last macro's glue), then changed in place: all its readers are in the next block
+                pins += [(a, self.stream(b)), (a, self.stream(l_sig))]
+            else:
+                # pinned where it is made, so that the copy the readers in the other macro get cannot
+                # move its layout back into the producing macro (GSPMD propagates a constraint backwards)
+                if a == self.st.entry:  # in block 0 the entry's own pin; in later blocks the block output
+                    if not out_changed:
+                        pins.append((self.st.block_output, self.stream(b)))
+                        out_changed = True
+                elif a not in forced_block:
+                    pins.append((a, self.stream(b)))
+                copies += [(r, i, self.stream(l_sig)) for r, i in readers]
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
@@ -563,7 +580,7 @@ class _Ctx:
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
         self._sigmas = [chosen[m.name].sigma for m in self.st.block_macros]
-        acts = self._activations(forced_block, sigma0)
+        acts = self._activations(pins, sigma0, copies)
         memory = (
             sum(
                 self._local_bytes(self.g[n].out, params.get(self.g[n].param))
@@ -620,21 +637,22 @@ class _Ctx:
         lay = Layout.from_spec(spec) if spec is not None else None
         return as_number(numel(local_shape(meta.shape, lay, self.mesh)), self.vals) * meta.itemsize
 
-    def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple]]:
-        """Stream values crossing into a macro with another sigma: (producer, from, to)."""
-        out, seen = [], set()
+    def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
+        """Stream values crossing into a macro with another sigma: (producer, from, to, readers), one
+        per value and reading macro; readers = the (node, input index) pairs of that macro that read
+        it, None for the block output (all its readers are in the next block: changed in place)."""
+        out = []
         macros = self.st.block_macros
         first = macros[0]
         key = {m.name: chosen[m.name].sigma for m in macros}
         if key[macros[-1].name] != key[first.name]:
-            out.append((self.st.block_output, key[macros[-1].name], key[first.name]))
-            seen.add(self.st.block_output)
+            out.append((self.st.block_output, key[macros[-1].name], key[first.name], None))
         for m in macros:
             for x in self.crossing(m):
                 src = first.name if x == self.st.entry else self.macro_of.get(x, first.name)
-                if x not in seen and key[src] != key[m.name]:
-                    out.append((x, key[src], key[m.name]))
-                    seen.add(x)
+                if key[src] != key[m.name]:
+                    readers = [(n, i) for n in m.nodes for i, inp in enumerate(self.g[n].inputs) if inp == x]
+                    out.append((x, key[src], key[m.name], readers))
         return out
 
     def _params(self, chosen) -> dict:
@@ -654,7 +672,9 @@ class _Ctx:
                     out.setdefault(f"blocks.{k}." + name[len("blocks.0.") :], out[name])
         return out
 
-    def _activations(self, forced: dict[str, Layout], sigma0) -> tuple[ActivationConstraint, ...]:
+    def _activations(self, pins, sigma0, copies) -> tuple[ActivationConstraint, ...]:
+        """Constraints: `pins` (node, layout) in place after the op, `copies` (reader, input index,
+        layout) on a reader's input; block nodes are written for every block."""
         entry = self.g[self.st.entry]
         acts = [
             ActivationConstraint(
@@ -673,18 +693,37 @@ class _Ctx:
             acts.insert(
                 0, ActivationConstraint(src.location, whole, src.out.shape, reason="tokens whole before SP padding")
             )
-        for name, lay in forced.items():
-            node = self.g[name]
+
+        def per_block(node) -> list:
             if node.block is None:
-                acts.append(ActivationConstraint(node.location, lay.to_spec(), node.out.shape, reason=_reason(node)))
-                continue
-            for k in range(self.n):
-                loc = type(node.location)(
+                return [node.location]
+            return [
+                type(node.location)(
                     re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module),
                     node.location.op,
                     node.location.occurrence,
                 )
-                acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node)))
+                for k in range(self.n)
+            ]
+
+        for name, lay in pins:
+            node = self.g[name]
+            acts += [
+                ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node))
+                for loc in per_block(node)
+            ]
+        for name, i, lay in copies:
+            node, value = self.g[name], self.g[self.g[name].inputs[i]]
+            acts += [
+                ActivationConstraint(
+                    loc,
+                    lay.to_spec(),
+                    value.out.shape,
+                    input=i,
+                    reason="stream read in this macro's layout (a copy: the producing macro keeps its own)",
+                )
+                for loc in per_block(node)
+            ]
         if any(s for s in self._sigmas):
             from planner.hand_plans import _rope_tables
 
@@ -752,13 +791,12 @@ def price_plan(
     n = num_blocks or st.captured_blocks
     vals = dict(values or {})
     mesh = plan.mesh
-    by_loc = graph.by_location()
-    forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
+    forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     b0 = [x for x in graph if x.block == 0 and x.op != "placeholder"]
     pro = [graph[x] for x in st.prologue]
     epi_in = {}
-    ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
     out_lay = ev_pre.layouts[st.block_output]
     for x in st.epilogue:
         for i in graph[x].inputs:
@@ -771,6 +809,7 @@ def price_plan(
         hw,
         boundary={**ev_pre.layouts, **boundary, **epi_in},
         forced=forced,
+        forced_inputs=copies,
         values=vals,
     )
     b0_names = {x.name for x in b0}
@@ -785,9 +824,10 @@ def price_plan(
         hw,
         boundary={k: v for k, v in {**ev_pre.layouts, **boundary}.items() if k not in b0_names},
         forced=forced,
+        forced_inputs=copies,
         values=vals,
     )
-    ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
     compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
     memory = (
         sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0))
