@@ -2,11 +2,14 @@
 
     PYTHONPATH=. python bench/bench_planner.py
 
-Prints markdown tables: A14B (both experts resident) at 480p and 720p on wh-loudbox 2x4, wh-galaxy
-8x4, bh-galaxy 8x4 and 1x4 (Wormhole LoudBox chips); wall time to plan full A14B; solve time vs
-number of blocks. "ideal roofline" is the model's total FLOPs / (devices x peak) vs its bytes /
-(devices x DRAM bandwidth), whatever the plan; where the hand plan does not fit memory with both
-experts resident, the table says so and also compares auto with hand at one expert, memory ample.
+Prints markdown tables: A14B with both experts and with one expert resident (the profile's DRAM as
+the budget) at 480p and 720p on wh-loudbox 2x4, wh-galaxy 8x4, bh-galaxy 8x4 and 1x4 (Wormhole
+LoudBox chips): the auto plan, the auto plan restricted to STATE A (the stream whole on the hidden
+dim between macros, as every seed plan keeps it), and the tt-xla hand plan, all under the same cost
+model, with the stream layout the auto plan's block macros use; then the wall time to plan full A14B
+and solve time vs number of blocks. "ideal roofline" is the model's total FLOPs / (devices x peak)
+vs its bytes / (devices x DRAM bandwidth), whatever the plan; "hand fits?" compares the hand plan's
+memory with the DRAM.
 """
 
 from __future__ import annotations
@@ -45,6 +48,18 @@ def ideal_roofline(g, mesh, hw, num_blocks: int) -> float:
     return max(flops / (d * float(hw.peak_flops)), nbytes / (d * float(hw.dram_bw)))
 
 
+def stream_layout(plan) -> str:
+    """The stream layouts the plan's block macros use (`Decision.state`), e.g. ``STATE B`` or
+    ``attn1 SP-Megatron, attn2/ffn STATE A``."""
+    by_state: dict[str, list[str]] = {}
+    for d in plan.decisions:
+        if d.in_block:
+            by_state.setdefault(d.state, []).append(d.macro)
+    if len(by_state) == 1:
+        return next(iter(by_state))
+    return ", ".join(f"{'/'.join(ms)} {state}" for state, ms in by_state.items())
+
+
 def main() -> None:
     from planner import plan_graph
     from planner.autoplan import price_plan
@@ -54,47 +69,48 @@ def main() -> None:
     from planner.plan import PlanError
 
     print(
-        "| res | mesh | hardware | auto ms/fwd | auto comm ms | auto GB/dev | hand ms/fwd | hand comm ms | hand GB/dev | hand fits? "
-        "| ideal roofline ms | hand/auto | 1 expert, memory ample: auto / hand ms | auto strategies |"
+        "| res | mesh | hardware | experts | auto ms/fwd | auto comm ms | auto GB/dev | auto stream layout "
+        "| auto, STATE A only: ms | hand (STATE A) ms/fwd | hand comm ms | hand GB/dev | hand fits? | hand/auto "
+        "| ideal roofline ms | auto strategies |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for res in ("480p", "720p"):
         g = capture(res)
         for mesh_s, hw_name in CASES:
             mesh, hw = parse_mesh(mesh_s), get_profile(hw_name)
-            hand = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=2)
-            try:
-                auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=2)
-                ap, strat = (
-                    auto.predicted,
-                    "; ".join(f"{d.node.split(' ')[0]}={d.strategy}" for d in auto.decisions[:3]),
-                )
-            except PlanError as e:
-                auto, ap, strat = None, None, f"no plan fits: {str(e)[:80]}"
-            fits = hand.memory_bytes_per_device <= float(hw.dram_bytes)
             roof = ideal_roofline(g, mesh, hw, 40)
-            # One expert resident, memory ample: the hand plan always fits, and auto (hinted with it) must not be worse.
-            auto1 = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=1, memory_gb=1e3).predicted
-            hand1 = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=1)
-            ample = f"{auto1.step_seconds * 1e3:.0f} / {hand1.step_seconds * 1e3:.0f}" + (
-                "" if auto1.step_seconds <= hand1.step_seconds * 1.0001 else " AUTO WORSE"
-            )
-            fit_s = (
-                "yes"
-                if fits
-                else f"no ({hand.memory_bytes_per_device / 1e9:.1f} > {float(hw.dram_bytes) / 1e9:.0f} GB)"
-            )
-            if ap is None:
-                print(
-                    f"| {res} | {mesh_s} | {hw_name} | – | – | – | {hand.step_seconds * 1e3:.0f} | {hand.comm_seconds * 1e3:.0f} | {hand.memory_bytes_per_device / 1e9:.1f} | {fit_s} | {roof * 1e3:.0f} | – | {ample} | {strat} |"
+            for experts in (2, 1):
+                hand = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=experts)
+                fits = hand.memory_bytes_per_device <= float(hw.dram_bytes)
+                fit_s = (
+                    "yes"
+                    if fits
+                    else f"no ({hand.memory_bytes_per_device / 1e9:.1f} > {float(hw.dram_bytes) / 1e9:.0f} GB)"
                 )
-                continue
-            ratio = f"{hand.step_seconds / ap.step_seconds:.2f}" + ("" if fits else " (hand does not fit)")
-            print(
-                f"| {res} | {mesh_s} | {hw_name} | {ap.step_seconds * 1e3:.0f} | {ap.comm_seconds * 1e3:.0f} | {ap.memory_bytes_per_device / 1e9:.1f} | "
-                f"{hand.step_seconds * 1e3:.0f} | {hand.comm_seconds * 1e3:.0f} | {hand.memory_bytes_per_device / 1e9:.1f} | {fit_s} | {roof * 1e3:.0f} | "
-                f"{ratio} | {ample} | {strat} |"
-            )
+                hand_s = (
+                    f"{hand.step_seconds * 1e3:.0f} | {hand.comm_seconds * 1e3:.0f} | "
+                    f"{hand.memory_bytes_per_device / 1e9:.1f} | {fit_s}"
+                )
+                try:
+                    state_a = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=experts, stream_layouts=False)
+                    a_s = f"{state_a.predicted.step_seconds * 1e3:.0f}"
+                except PlanError:
+                    a_s = "no plan fits"
+                try:
+                    auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=experts)
+                except PlanError as e:
+                    print(
+                        f"| {res} | {mesh_s} | {hw_name} | {experts} | no plan fits: {str(e)[:60]}… | | | | {a_s} | "
+                        f"{hand_s} | – | {roof * 1e3:.0f} | |"
+                    )
+                    continue
+                ap = auto.predicted
+                ratio = f"{hand.step_seconds / ap.step_seconds:.2f}" + ("" if fits else " (hand does not fit)")
+                print(
+                    f"| {res} | {mesh_s} | {hw_name} | {experts} | {ap.step_seconds * 1e3:.0f} | {ap.comm_seconds * 1e3:.0f} | "
+                    f"{ap.memory_bytes_per_device / 1e9:.1f} | {stream_layout(auto)} | {a_s} | {hand_s} | {ratio} | "
+                    f"{roof * 1e3:.0f} | {'; '.join(f'{d.macro}={d.strategy}' for d in auto.decisions if d.in_block)} |"
+                )
 
     print("\n| step (full A14B, 720p, wh-galaxy 8x4) | seconds |\n|---|---|")
     t0 = time.perf_counter()

@@ -22,6 +22,7 @@ from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
+from planner.explain import explain_choices
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
 from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
@@ -31,6 +32,7 @@ from planner.plan import (
     ActivationConstraint,
     Collective,
     Decision,
+    Exclusion,
     MemoryBudgetError,
     Plan,
     PlanError,
@@ -59,6 +61,7 @@ def plan_graph(
     sequence_parallel: bool = True,
     only: Optional[Mapping[str, str]] = None,
     batch_axes: tuple[str, ...] = (),
+    stream_layouts: bool = True,
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -80,6 +83,9 @@ def plan_graph(
             macro may use otherwise (CFG parallel: ``("cfg",)``, `planner.cfg`); parameters stay
             replicated over them. Batch-carrying = the values whose propagated layout, from the
             batch-split model inputs, keeps the split on dim 0 (the op rules decide, no name lists).
+        stream_layouts: offer the split stream layouts between macros (STATE B: hidden split over
+            the TP axes; sequence-parallel Megatron: tokens also split over them) besides STATE A
+            (hidden whole). False: STATE A only, the seed's plans.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
@@ -90,7 +96,7 @@ def plan_graph(
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
     ctx, groups, edges, tables, excluded = _build(
-        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes)
+        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes), stream_layouts
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -107,7 +113,9 @@ def plan_graph(
     except Infeasible:
         need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
         need_gb = budget_gb(need_kib, fixed)
-        meshes = _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only)
+        meshes = _larger_meshes(
+            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts
+        )
         advice = (
             ", or use a larger mesh: "
             + "; ".join(f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes)
@@ -138,9 +146,12 @@ def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
         raise PlanError(str(e)) from None
 
 
-def _build(graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=()):
+def _build(
+    graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=(), stream_layouts=True
+):
     st = find_structure(graph)
-    ctx = _Ctx(graph, mesh, hw, st, num_blocks or st.captured_blocks, weight_copies, dict(values or {}), batch_axes)
+    n = num_blocks or st.captured_blocks
+    ctx = _Ctx(graph, mesh, hw, st, n, weight_copies, dict(values or {}), batch_axes, stream_layouts)
     ctx.sequence_parallel = sequence_parallel
     ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
@@ -158,13 +169,17 @@ def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
     return [MeshSpec(tuple(s), tuple(names) if names else ("batch", "model")) for s in shapes]
 
 
-def _larger_meshes(graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only):
+def _larger_meshes(
+    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts=True
+):
     """(mesh, smallest budget that plans there) for the system meshes larger than `mesh` whose
     smallest plan fits `budget`; at most the two smallest."""
     out = []
     for m in _system_meshes(mesh):
         try:
-            ctx, groups, *_ = _build(graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only)
+            ctx, groups, *_ = _build(
+                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts
+            )
             fixed = ctx.fixed_param_bytes()
             need = budget_gb(min_memory_kib(groups)[0], fixed)
         except (PlanError, Infeasible):
@@ -187,6 +202,7 @@ class _Ctx:
         copies: int,
         vals: dict,
         batch_axes: tuple[str, ...] = (),
+        stream_layouts: bool = True,
     ):
         self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
         self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
@@ -194,6 +210,7 @@ class _Ctx:
         self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
+        self.hidden = graph[st.entry].out.shape[-1] if stream_layouts else None
 
     # --- pricing ------------------------------------------------------------------------------
 
@@ -253,8 +270,10 @@ class _Ctx:
             return s
         return dc_replace(s, forced={k: self.lift(k, v) for k, v in s.forced.items()})
 
-    def stream(self, sigma) -> Layout:
-        return Layout((self.batch_axes, tuple(sigma), ()))
+    def stream(self, key) -> Layout:
+        """The (B, L, D) stream's layout under a stream key (token axes, hidden axes)."""
+        tokens, hidden = key
+        return Layout((self.batch_axes, tuple(tokens), tuple(hidden)))
 
     def crossing(self, m: Macro) -> list[str]:
         inside = set(m.nodes)
@@ -274,7 +293,7 @@ class _Ctx:
         boundary.update({p: (lay,) for p, lay in s.params.items()})
         if m.in_block:
             for x in self.crossing(m):
-                boundary[x] = (self.stream(s.sigma),)
+                boundary[x] = (self.stream(s.stream),)
         return evaluate(
             self.g,
             [self.g[x] for x in m.nodes],
@@ -301,9 +320,9 @@ class _Ctx:
             total += as_number(node.out.nbytes, self.vals)
         return total * self.copies
 
-    def ends(self, sigma) -> Evaluation:
-        """Prologue + epilogue with the block stack entered and left in layout sigma."""
-        entry = {self.st.entry: self.stream(sigma)}
+    def ends(self, key) -> Evaluation:
+        """Prologue + epilogue with the block stack entered and left in stream layout `key`."""
+        entry = {self.st.entry: self.stream(key)}
         rest = [self.g[x] for x in self.st.prologue if not any(x in r.nodes for r in self.st.root_macros)]
         pro = evaluate(self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals)
         boundary = dict(self.base)
@@ -314,7 +333,7 @@ class _Ctx:
                     and self.g[i].outputs
                     and self.g[i].out.shape == self.g[self.st.entry].out.shape
                 ):
-                    boundary[i] = (self.stream(sigma),)
+                    boundary[i] = (self.stream(key),)
         exit_ = self.g[self.st.exit]
         epi = evaluate(
             self.g,
@@ -338,11 +357,18 @@ class _Ctx:
         ends = {}
         for m in self.st.block_macros + self.st.root_macros:
             opts, why = strategies(
-                self.g, m, self.mesh, self.st.tokens, tile=self.hw.tile, values=self.vals, exclude=self.batch_axes
+                self.g,
+                m,
+                self.mesh,
+                self.st.tokens,
+                tile=self.hw.tile,
+                values=self.vals,
+                exclude=self.batch_axes,
+                hidden=self.hidden,
             )
             opts = [self.lift_strategy(s) for s in opts]
             if not getattr(self, "sequence_parallel", True):
-                opts = [s for s in opts if not s.sigma]
+                opts = [s for s in opts if not s.sigma and not s.stream[0]]
             if m.name in getattr(self, "only", {}):
                 pattern = self.only[m.name]
                 kept = [s for s in opts if re.search(pattern, s.name)]
@@ -351,7 +377,7 @@ class _Ctx:
                         f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
                         + ", ".join(s.name for s in opts)
                     )
-                why = why + [f"restricted by only={pattern!r}: " + ", ".join(s.name for s in opts if s not in kept)]
+                why = why + [Exclusion(s.name, f"restricted by only={pattern!r}") for s in opts if s not in kept]
                 opts = kept
             options = []
             for s in opts:
@@ -359,14 +385,14 @@ class _Ctx:
                 self.evals[m.name, s.name] = ev
                 once = 0
                 if m.name == first:
-                    if s.sigma not in ends:
-                        ends[s.sigma] = self.ends(s.sigma)
-                    once = to_ns(ends[s.sigma].seconds)
+                    if s.stream not in ends:
+                        ends[s.stream] = self.ends(s.stream)
+                    once = to_ns(ends[s.stream].seconds)
                 # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
                 options.append(
                     Option(
                         s.name,
-                        s.sigma,
+                        s.stream,
                         to_ns(ev.seconds),
                         once,
                         math.ceil(self.param_bytes(m, s) / KIB),
@@ -397,7 +423,7 @@ class _Ctx:
                 if src != m.name:
                     crossings.setdefault((src, m.name), []).append(x)
         crossings.setdefault((last, first), []).append(self.st.block_output)
-        keys = {m.name: {s.sigma for s in tables[m.name]} for m in macros}
+        keys = {m.name: {s.stream for s in tables[m.name]} for m in macros}
         out = []
         for (a, b), tensors in crossings.items():
             cost = {
@@ -422,6 +448,7 @@ class _Ctx:
                         i
                         for i, s in enumerate(opts)
                         if (s.sigma if g.count > 1 else ()) == (want[0] if g.count > 1 else ())
+                        and s.stream == (s.sigma, ())
                         and s.tp == want[1]
                         and not s.fsdp
                         and not s.ulysses
@@ -433,106 +460,31 @@ class _Ctx:
                     break
         return out
 
-    def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> list[Decision]:
-        """One Decision per group. ``cost`` and ``rejected_cost`` are both whole-plan objectives
-        (seconds per forward: every macro plus the stream-layout edges, as the ILP sums them): the
-        best plan with the chosen option vs the best plan without it, so rejected_cost >= cost
-        whenever the solve is optimal. The note splits the difference into this macro, the edges
-        and the other macros, and says why an option that is cheaper on its own lost."""
-        out = []
-        by_name = {g.name: g for g in groups}
+    def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> tuple[Decision, ...]:
+        """One typed Decision per group (`planner.explain.explain_choices`): costs per forward, the
+        stream each option reads and writes in the layout notation."""
+        block = {m.name for m in self.st.block_macros}
 
-        def own(g, j) -> float:
-            return (g.count * g.options[j].cost_ns + g.options[j].once_ns) / 1e9
+        def stream(g, key) -> str:
+            return self.stream(key).show(self.mesh) if g.name in block else ""
 
-        def edge_s(choice) -> float:
-            return (
-                sum(
-                    e.count
-                    * e.cost_ns.get(
-                        (by_name[e.src].options[choice[e.src]].key, by_name[e.dst].options[choice[e.dst]].key), 0
-                    )
-                    for e in edges
-                )
-                / 1e9
-            )
+        def in_block(g) -> bool:
+            return g.name in block
 
-        def others(g, choice) -> float:
-            return sum(own(h, choice[h.name]) for h in groups if h.name != g.name)
+        def fsdp(g, j) -> bool:
+            return tables[g.name][j].fsdp
 
-        def why_worse(g, alt_choice) -> str:
-            d_node = own(g, alt_choice[g.name]) - own(g, res.choice[g.name])
-            d_edge = edge_s(alt_choice) - edge_s(res.choice)
-            d_other = others(g, alt_choice) - others(g, res.choice)
-            txt = f"this macro {d_node * 1e3:+.3f} ms, stream-layout edges {d_edge * 1e3:+.3f} ms, other macros {d_other * 1e3:+.3f} ms"
-            moved = [
-                f"{h.name} -> {h.options[alt_choice[h.name]].name}"
-                for h in groups
-                if h.name != g.name and alt_choice[h.name] != res.choice[h.name]
-            ]
-            if moved:
-                txt += (
-                    " ("
-                    + ", ".join(moved)
-                    + (" to fit the memory budget" if memory_kib is not None and d_other > 0 and d_edge <= 0 else "")
-                    + ")"
-                )
-            return txt
-
-        for g in groups:
-            i = res.choice[g.name]
-            o = g.options[i]
-            cost = res.objective_ns / 1e9
-            rejected, rcost = "", None
-            note = f"plan total {cost * 1e3:.3f} ms per forward ({o.name}: {own(g, i) * 1e3:.3f} ms of it)"
-            alt_j = None
-            if len(g.options) > 1:
-                try:
-                    alt = solve(groups, edges, memory_kib=memory_kib, forbid={g.name: i}, time_limit_s=2.0)
-                    alt_j = alt.choice[g.name]
-                    rejected = g.options[alt_j].name
-                    rcost = alt.objective_ns / 1e9
-                    note += (
-                        f"; next best: {rejected}, plan total {rcost * 1e3:.3f} ms ({rcost * 1e3 - cost * 1e3:+.3f} ms: "
-                        + why_worse(g, alt.choice)
-                        + ")"
-                    )
-                except Infeasible:
-                    note += "; every alternative breaks the memory budget"
-            else:
-                note += "; only legal option"
-            cheapest = min(
-                range(len(g.options)), key=lambda j: (g.options[j].cost_ns * g.count + g.options[j].once_ns, j)
-            )
-            if own(g, cheapest) < own(g, i) and cheapest != alt_j:
-                name = g.options[cheapest].name
-                try:
-                    forced = solve(groups, edges, memory_kib=memory_kib, only={g.name: cheapest}, time_limit_s=2.0)
-                    note += (
-                        f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but its best plan totals "
-                        f"{forced.objective_ns / 1e6:.3f} ms: " + why_worse(g, forced.choice)
-                    )
-                except Infeasible:
-                    note += f"; {name} is cheaper on its own ({own(g, cheapest) * 1e3:.3f} ms) but no plan with it fits the memory budget"
-            if excluded[g.name]:
-                note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
-            ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
-            note += "; options on their own (ms per forward): " + ", ".join(
-                f"{g.options[j].name}={own(g, j) * 1e3:.3f}" for j in ranked
-            )
-            mem = o.param_kib * KIB / 1e9
-            note += f"; {mem:.2f} GB weights/device" + (
-                " (weights sharded for memory)" if tables[g.name][i].fsdp else ""
-            )
-            where = f"blocks.*.{g.name} (x{g.count})" if g.count > 1 else g.name
-            out.append(Decision(where, o.name, cost, rejected, rcost, note))
-        return out
+        out = explain_choices(groups, edges, res, memory_kib, excluded, in_block=in_block, stream=stream, fsdp=fsdp)
+        return tuple(
+            dc_replace(d, state=tables[g.name][res.choice[g.name]].state) if g.name in block else d
+            for g, d in zip(groups, out)
+        )
 
     # --- the plan ------------------------------------------------------------------------------------
 
     def assemble(self, chosen: dict[str, Strategy], res, decisions, model: str) -> Plan:
         first = self.st.block_macros[0]
-        sigma0 = chosen[first.name].sigma
+        sigma0 = chosen[first.name].stream
         ends = self.ends_evals[sigma0]
         events: Counter = Counter()
         compute = ends.compute_seconds
@@ -579,7 +531,8 @@ class _Ctx:
         )
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
-        self._sigmas = [chosen[m.name].sigma for m in self.st.block_macros]
+        self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
+        self._split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
         acts = self._activations(pins, sigma0, copies)
         memory = (
             sum(
@@ -602,7 +555,7 @@ class _Ctx:
             ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
         )
         memory += act_peak * 3
-        nsp = shard_count(self.mesh, sigma0)
+        nsp = shard_count(self.mesh, sigma0[0])
         if self.hw.tile > 1 and nsp > 1:
             guards.append(
                 Guard(str(self.st.tokens), nsp * self.hw.tile, f"{self.hw.tile}-token tiles per device; otherwise pad")
@@ -638,13 +591,13 @@ class _Ctx:
         return as_number(numel(local_shape(meta.shape, lay, self.mesh)), self.vals) * meta.itemsize
 
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
-        """Stream values crossing into a macro with another sigma: (producer, from, to, readers), one
+        """Stream values crossing into a macro with another stream key: (producer, from, to, readers), one
         per value and reading macro; readers = the (node, input index) pairs of that macro that read
         it, None for the block output (all its readers are in the next block: changed in place)."""
         out = []
         macros = self.st.block_macros
         first = macros[0]
-        key = {m.name: chosen[m.name].sigma for m in macros}
+        key = {m.name: chosen[m.name].stream for m in macros}
         if key[macros[-1].name] != key[first.name]:
             out.append((self.st.block_output, key[macros[-1].name], key[first.name], None))
         for m in macros:
@@ -653,6 +606,27 @@ class _Ctx:
                 if key[src] != key[m.name]:
                     readers = [(n, i) for n in m.nodes for i, inp in enumerate(self.g[n].inputs) if inp == x]
                     out.append((x, key[src], key[m.name], readers))
+        return out
+
+    def _side_inputs(self) -> list[str]:
+        """Non-parameter values made before the block stack that block 0 or the epilogue read,
+        except the stream."""
+        out: list[str] = []
+        prologue, epilogue = set(self.st.prologue), set(self.st.epilogue)
+        for node in self.g:
+            if node.block != 0 and node.name not in epilogue:
+                continue
+            for i in node.inputs:
+                src = self.g[i]
+                if (
+                    i in prologue
+                    and not src.is_param
+                    and src.outputs
+                    and i != self.st.entry
+                    and src.op != "placeholder"
+                    and i not in out
+                ):
+                    out.append(i)
         return out
 
     def _params(self, chosen) -> dict:
@@ -684,7 +658,7 @@ class _Ctx:
                 reason="block-stack entry: tokens split over the SP axes (a transpose copy, not a reshape)",
             )
         ]
-        if entry.op == "pad" and any(sigma0):
+        if entry.op == "pad" and any(sigma0[0]):
             # sp_pad's token padding: keep its input whole, so the split starts after the pad (a free
             # local slice). Left to propagation, GSPMD splits the unpadded tokens and shifts them into
             # the padded shards with a collective-permute (45 -> 64 tokens over 4: 12 vs 16 per device).
@@ -737,6 +711,22 @@ class _Ctx:
                         "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)",
                     )
                 )
+        if self._split_stream:
+            # With the stream split beyond σ, GSPMD propagates that split backwards into the
+            # unconstrained prologue (measured: the timestep projection all-reduced on a contraction
+            # it chose to split): the values the blocks read from the prologue keep the rules' layout.
+            pinned = {a.location for a in acts}
+            for x in self._side_inputs():
+                node = self.g[x]
+                if node.location not in pinned and self.base.get(x):
+                    acts.append(
+                        ActivationConstraint(
+                            node.location,
+                            self.base[x][0].to_spec(),
+                            node.out.shape,
+                            reason="prologue value the blocks read, kept in its planned layout",
+                        )
+                    )
         exit_ = self.g[self.st.exit]
         exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
         acts.append(

@@ -41,7 +41,7 @@ from typing import Any, Optional, Union
 from planner.graph import Graph
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import MeshSpec
-from planner.plan import CfgOption, CfgParallel, Decision, MemoryBudgetError, Plan, PlanError
+from planner.plan import CfgOption, CfgParallel, Decision, Exclusion, MemoryBudgetError, OptionCost, Plan, PlanError
 from planner.strategies import find_structure
 
 CFG_AXIS = "cfg"
@@ -208,36 +208,23 @@ def _option(name: str, mesh: MeshSpec, axis: Optional[str], make, plans: dict) -
     return CfgOption(name, mesh, axis, p.step_seconds, p.compute_seconds, p.comm_seconds, p.memory_bytes_per_device)
 
 
-def _describe(o: CfgOption) -> str:
-    if not o.feasible:
-        return f"{o.name} on {o.mesh} {o.mesh.axis_names}: no plan ({o.reason})"
-    return (
-        f"{o.name} on {o.mesh} {o.mesh.axis_names}: {o.step_seconds * 1e3:.3f} ms/step (compute "
-        f"{o.compute_seconds * 1e3:.3f} + comm {o.comm_seconds * 1e3:.3f}), "
-        f"{o.memory_bytes_per_device / 1e9:.2f} GB/device"
-    )
-
-
 def _decision(record: CfgParallel, best: CfgOption) -> Decision:
+    """The CFG choice as a typed Decision (per step; every option's whole-plan step time on its own,
+    the infeasible ones as exclusions with their reason). Mode and meshes are in ``record``."""
     rest = sorted((o for o in record.options if o.feasible and o.name != best.name), key=lambda o: o.step_seconds)
     runner = rest[0] if rest else None
-    note = (
-        f"mode {record.mode}; chosen "
-        + _describe(best)
-        + "; "
-        + "; ".join(_describe(o) for o in record.options if o.name != best.name)
-    )
-    if record.mode != "auto" and runner is not None and runner.step_seconds < best.step_seconds:
-        note += (
-            f"; forced by cfg_parallel={record.mode} ({runner.name} would be {runner.step_seconds * 1e3:.3f} ms/step)"
-        )
     return Decision(
-        "cfg-parallel",
-        best.name,
-        best.step_seconds,
-        runner.name if runner else "",
-        runner.step_seconds if runner else None,
-        note,
+        macro="cfg-parallel",
+        strategy=best.name,
+        cost=best.step_seconds,
+        rejected=runner.name if runner else "",
+        rejected_cost=runner.step_seconds if runner else None,
+        options=tuple(
+            OptionCost(o.name, o.step_seconds)
+            for o in sorted((o for o in record.options if o.feasible), key=lambda o: (o.step_seconds, o.name))
+        ),
+        excluded=tuple(Exclusion(o.name, o.reason) for o in record.options if not o.feasible),
+        unit="step",
     )
 
 

@@ -1,8 +1,9 @@
 """The sharding ILP, written directly for OR-Tools CP-SAT (Alpa's node/edge formulation).
 
 Sets. Groups g (one per macro-strategy choice; a DiT block's macros are one group each, shared by
-all N identical blocks), options s ∈ S_g, and per group a key k(g, s) — the stream layout σ the
-option reads and writes. Edges (g, h) carry the stream from g to h.
+all N identical blocks), options s ∈ S_g, and per group a key k(g, s) — the stream layout the
+option reads and writes (for the DiT: the axes splitting the stream's tokens and its hidden dim,
+`planner.strategies.Strategy.stream`; for the VAE: its spatial split). Edges (g, h) carry the stream from g to h.
 
 Variables.
   x[g,s] ∈ {0,1}     option s chosen for group g                          (a) exactly one per g

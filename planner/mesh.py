@@ -135,32 +135,3 @@ def normalize_spec(spec: Sequence[AxisEntry]) -> PartitionSpec:
 
 def spec_axes(spec: PartitionSpec) -> tuple[str, ...]:
     return tuple(a for e in spec for a in entry_axes(e))
-
-
-def format_spec(spec: PartitionSpec) -> str:
-    """('model', None) -> "(model, -)"; a compact form for tables and messages."""
-    parts = []
-    for e in spec:
-        axes = entry_axes(e)
-        parts.append("-" if not axes else "+".join(axes))
-    return "(" + ", ".join(parts) + ")"
-
-
-def check_spec(spec: PartitionSpec, shape: Sequence[int], mesh: MeshSpec, what: str) -> None:
-    """Raise a MeshError naming `what` if `spec` cannot shard a tensor of `shape` evenly on `mesh`."""
-    if len(spec) != len(shape):
-        raise MeshError(
-            f"{what}: spec {format_spec(spec)} has {len(spec)} entries for a {len(shape)}-d tensor {tuple(shape)}"
-        )
-    used = spec_axes(spec)
-    for axis in used:
-        mesh.axis_index(axis)
-    if len(set(used)) != len(used):
-        raise MeshError(f"{what}: spec {format_spec(spec)} uses a mesh axis twice")
-    for dim, (entry, n) in enumerate(zip(spec, shape)):
-        parts = mesh.entry_size(entry)
-        if isinstance(n, int) and n % parts:
-            raise MeshError(
-                f"{what}: dim {dim} of size {n} cannot be split {parts} ways by {format_spec(spec)} on mesh {mesh}; "
-                f"choose a spec whose axes divide it, or a mesh whose axis sizes do"
-            )

@@ -1,17 +1,33 @@
-"""Sharding states: how one tensor is laid out over the mesh.
+"""Sharding states: how one tensor is laid out over the mesh, and the one way a layout is printed.
 
 Two equivalent views of the same state:
 
 - per mesh axis (DTensor's vocabulary): `Replicate` ``R``, `Shard` ``S(d)``, `Partial` ``P(sum)``;
-  printed as ``(S(1), R)`` for a 2-D mesh;
 - per tensor dim (torch_xla's PartitionSpec): which mesh axes split dim d, major first.
 
 `Layout` stores the per-dim view, because order matters when two axes split one dim (Ulysses needs
 ``("model", "batch")``, not ``("batch", "model")``, DESIGN.md §4) and because that is what the lowering
 writes. ``partial`` names the axes over which the values are unreduced partial sums.
 
+The notation (`Layout.show`, `show_spec`): everything printed for people — plan.md, plan.html,
+``wancompile explain`` and ``diff``, decisions, and plan-checking errors — writes a layout this way and
+no other. One placement per mesh axis, in the mesh's axis order, in parentheses::
+
+    (S(1), R)          mesh (batch, model): tokens (dim 1) split over batch, replicated over model
+    (R, S(0))          a column-parallel weight split on its rows over model
+    (S(1), P(sum))     split over batch, partial sums over model
+    (S(1), S(1))       dim 1 split over both axes, batch major (DTensor's order: mesh order)
+    (S(1), S(1))[1: model>batch]
+                       the same dim split model major, batch minor
+
+As in DTensor, axes that split one dim are applied in mesh order (the earlier mesh axis is major);
+where the plan uses another order, a suffix ``[d: a>b]`` names dim d's axes major first (``; ``
+between several such dims). plan.json's ``params`` and ``activations`` keep the per-dim partition
+specs (the lowering's input, DESIGN.md §2); this notation is for reading only and is never parsed.
+
 Divisibility is decided by `divides`: ints are checked, symbolic (sympy) dims cannot be decided and
-are returned as a `Guard` the plan records (e.g. "tokens % 8 == 0"), DESIGN.md §5.
+are returned as a `Guard` the plan records (e.g. "tokens % 8 == 0"), DESIGN.md §5; `check_spec`
+refuses a partition spec that cannot split a tensor evenly.
 """
 
 from __future__ import annotations
@@ -21,7 +37,7 @@ from typing import Optional, Sequence, Union
 
 import sympy
 
-from planner.mesh import MeshSpec, PartitionSpec, entry_axes
+from planner.mesh import MeshError, MeshSpec, PartitionSpec, entry_axes, spec_axes
 
 Dim = Union[int, sympy.Expr]
 
@@ -135,11 +151,40 @@ class Layout:
         return tuple(out)
 
     def show(self, mesh: MeshSpec) -> str:
-        return "(" + ", ".join(map(str, self.placements(mesh))) + ")"
+        """The layout in the project's one notation (module docstring): ``(S(1), R)``."""
+        text = "(" + ", ".join(map(str, self.placements(mesh))) + ")"
+        order = {a: i for i, a in enumerate(mesh.axis_names)}
+        unusual = [
+            f"{d}: {'>'.join(axes)}"
+            for d, axes in enumerate(self.dims)
+            if len(axes) > 1 and list(axes) != sorted(axes, key=lambda a: order.get(a, len(order)))
+        ]
+        return text + (f"[{'; '.join(unusual)}]" if unusual else "")
 
-    def __str__(self) -> str:
-        parts = ["-" if not a else "+".join(a) for a in self.dims]
-        return "[" + ", ".join(parts) + "]" + (f" P({'+'.join(self.partial)})" if self.partial else "")
+
+def show_spec(spec: PartitionSpec, mesh: MeshSpec) -> str:
+    """A partition spec in the one notation: ``("model", None)`` on mesh (batch, model) -> ``(R, S(0))``."""
+    return Layout.from_spec(spec).show(mesh)
+
+
+def check_spec(spec: PartitionSpec, shape: Sequence[Dim], mesh: MeshSpec, what: str) -> None:
+    """Raise a MeshError naming `what` if `spec` cannot shard a tensor of `shape` evenly on `mesh`.
+    A spec that is no layout at all (wrong length, an axis used twice) is quoted as written."""
+    if len(spec) != len(shape):
+        raise MeshError(f"{what}: spec {list(spec)} has {len(spec)} entries for a {len(shape)}-d tensor {tuple(shape)}")
+    used = spec_axes(spec)
+    for axis in used:
+        mesh.axis_index(axis)
+    if len(set(used)) != len(used):
+        raise MeshError(f"{what}: spec {list(spec)} uses a mesh axis twice")
+    for dim, (entry, n) in enumerate(zip(spec, shape)):
+        parts = mesh.entry_size(entry)
+        if isinstance(n, int) and n % parts:
+            raise MeshError(
+                f"{what}: dim {dim} of size {n} cannot be split {parts} ways over {'+'.join(entry_axes(entry))} by "
+                f"{show_spec(spec, mesh)} on mesh {mesh} {mesh.axis_names}; choose a spec whose axes divide it, "
+                "or a mesh whose axis sizes do"
+            )
 
 
 def shard_count(mesh: MeshSpec, axes: Sequence[str]) -> int:

@@ -8,25 +8,34 @@ A plan is data the lowering applies and a person can read:
 - ``activations``: sharding constraints at `Location`s (module path + op + occurrence), which survive
   recompiles, unlike dynamo's node names.
 - ``collectives``: what the plan predicts the partitioned program will hold.
-- ``predicted``, ``solver``, ``decisions``, ``rewrites``: the planner's account of itself.
+- ``predicted``, ``solver``, ``rewrites``: the planner's account of itself;
+- ``decisions``: one typed `Decision` per choice the solver made (a block macro shared by all
+  blocks, a root macro, a group of identical VAE macros, the CFG split): the options it priced with
+  their costs, the ones it excluded with the reason, the best rejected option with its whole-plan
+  cost and where the difference comes from. Readers use the fields; no field is prose to re-parse.
 
 JSON only (no pickles), with ``schema_version``; `load_plan` rejects anything it does not
-understand with a message that says what is wrong.
+understand with a message that says what is wrong (an older schema: re-plan with `wancompile plan`).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
+from planner.collective import Collective
 from planner.graph import Graph, Location
-from planner.mesh import MeshError, MeshSpec, PartitionSpec, check_spec, normalize_spec
-from planner.placements import Guard, Layout
+from planner.mesh import MeshError, MeshSpec, PartitionSpec, normalize_spec
+from planner.placements import Guard, Layout, check_spec
 
-SCHEMA_VERSION = 1
+# 2: typed decisions (options, exclusions, cost split, block-generic scope as data) replaced the
+# prose ``note``; collectives may carry ``reason``/``seconds``.
+SCHEMA_VERSION = 2
+
+__all__ = ["Collective"]  # re-exported: the plan's collectives are `planner.collective.Collective`
 
 
 class PlanError(ValueError):
@@ -55,10 +64,10 @@ class SolverTimeout(PlanError):
 @dataclass(frozen=True)
 class ActivationConstraint:
     """Constrain output ``output`` of the op at ``location`` to ``spec`` (in place: every reader of
-    the value sees the constrained layout). With ``input`` set, the op at ``location`` reads its
-    ``input``-th input (graph order) through a copy constrained to ``spec`` instead: the value's
-    other readers keep their layout (a stream value read by two macros with different layouts);
-    readers of one value with the same spec share one copy."""
+    the value sees the constrained layout; several on one op apply in order). With ``input`` set,
+    the op at ``location`` reads its ``input``-th input (graph order) through a copy constrained to
+    ``spec`` instead: the value's other readers keep their layout (a stream value read by two
+    macros with different layouts); readers of one value with the same spec share one copy."""
 
     location: Location
     spec: PartitionSpec
@@ -73,7 +82,7 @@ class ActivationConstraint:
             "module": self.location.module,
             "output": self.output,
             "shape": [d if isinstance(d, int) else str(d) for d in self.shape],
-            "spec": _spec_json(self.spec),
+            "spec": spec_to_json(self.spec),
             "reason": self.reason,
         }
         if self.input is not None:
@@ -90,30 +99,6 @@ class ActivationConstraint:
             d.get("reason", ""),
             int(d["input"]) if d.get("input") is not None else None,
         )
-
-
-@dataclass(frozen=True)
-class Collective:
-    """A collective the partitioned program runs: kind, mesh axes, bytes moved per call, count."""
-
-    kind: str  # all-reduce | all-gather | reduce-scatter | all-to-all | collective-permute
-    axes: tuple[str, ...]
-    bytes: int
-    count: int = 1
-    where: str = ""
-
-    def to_json(self) -> dict:
-        return {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "bytes": int(self.bytes),
-            "count": int(self.count),
-            "where": self.where,
-        }
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Collective":
-        return cls(d["kind"], tuple(d["axes"]), int(d["bytes"]), int(d.get("count", 1)), d.get("where", ""))
 
 
 @dataclass(frozen=True)
@@ -141,18 +126,221 @@ class SolverInfo:
 
 
 @dataclass(frozen=True)
-class Decision:
-    """What was chosen for a node (or block-shared group) and what lost."""
+class OptionCost:
+    """One option the solver could choose for a decision, priced on its own: ``seconds_own`` is what
+    the option itself costs per forward (per decode for the VAE, per step for CFG): the group's count
+    times its per-call cost plus any once-per-forward cost, without the stream edges or the other
+    groups. Memory as the ILP's constraint counts it: the group's weights per device (all its
+    repetitions and weight sets) and its activation estimate (3 × the largest live set)."""
 
-    node: str
-    strategy: str
-    cost: float
-    rejected: str = ""
-    rejected_cost: Optional[float] = None
-    note: str = ""
+    name: str
+    seconds_own: float
+    param_bytes_per_device: int = 0
+    activation_bytes: int = 0
+    stream: str = ""  # layout of the stream the option reads/writes (planner.placements notation); "" if none
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "OptionCost":
+        return cls(
+            str(d["name"]),
+            float(d["seconds_own"]),
+            int(d.get("param_bytes_per_device", 0)),
+            int(d.get("activation_bytes", 0)),
+            str(d.get("stream", "")),
+        )
+
+
+def _maybe(read, value):
+    """``read(value)``, or None for a JSON null."""
+    return None if value is None else read(value)
+
+
+class _Strings:
+    """JSON for a frozen record whose fields are all strings."""
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping):
+        return cls(**{f.name: str(d[f.name]) for f in fields(cls)})
+
+
+@dataclass(frozen=True)
+class Exclusion(_Strings):
+    """An option (or a family of options, e.g. ``SP over batchxmodel (8)``) the planner did not offer
+    the solver, and why (a split that does not divide, a restriction the caller gave)."""
+
+    option: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Move(_Strings):
+    """Another decision whose choice differs in an alternative plan."""
+
+    macro: str
+    option: str
+
+
+@dataclass(frozen=True)
+class CostSplit:
+    """Where an alternative plan's whole cost differs from the chosen plan's (seconds, alternative
+    minus chosen): this decision's own option, the stream-layout edges, the other groups (whose
+    changed choices are ``moved``). ``for_memory``: the others moved to fit the memory budget
+    (the alternative option with the others as chosen breaks it)."""
+
+    this_macro: float
+    edges: float
+    other_macros: float
+    moved: tuple[Move, ...] = ()
+    for_memory: bool = False
+
+    @property
+    def total(self) -> float:
+        return self.this_macro + self.edges + self.other_macros
+
+    def to_json(self) -> dict:
+        return {
+            "this_macro": self.this_macro,
+            "edges": self.edges,
+            "other_macros": self.other_macros,
+            "moved": [m.to_json() for m in self.moved],
+            "for_memory": self.for_memory,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "CostSplit":
+        return cls(
+            float(d["this_macro"]),
+            float(d["edges"]),
+            float(d["other_macros"]),
+            tuple(Move.from_json(m) for m in d.get("moved", [])),
+            bool(d.get("for_memory", False)),
+        )
+
+
+@dataclass(frozen=True)
+class Alternative:
+    """An option that is cheaper on its own than the chosen one but lost: the best whole plan that
+    uses it (``plan_seconds``; None when no plan with it fits the memory budget) and why."""
+
+    option: str
+    seconds_own: float
+    plan_seconds: Optional[float] = None
+    split: Optional[CostSplit] = None
+
+    def to_json(self) -> dict:
+        return {
+            "option": self.option,
+            "seconds_own": self.seconds_own,
+            "plan_seconds": self.plan_seconds,
+            "split": self.split.to_json() if self.split is not None else None,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Alternative":
+        ps, split = _maybe(float, d.get("plan_seconds")), _maybe(CostSplit.from_json, d.get("split"))
+        return cls(str(d["option"]), float(d["seconds_own"]), ps, split)
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What was chosen for one ILP group and what lost, as data.
+
+    The group: ``macro`` (block-relative for a block macro, ``attn1``; a module path for a root or
+    VAE macro; ``cfg-parallel``), ``count`` (how many repetitions share the choice: blocks, or VAE
+    macros of one shape, listed in ``members``), ``in_block`` (a DiT block macro: it applies to
+    ``blocks.*.<macro>``). ``cost`` and ``rejected_cost`` are whole-plan objectives in seconds per
+    ``unit`` (``forward``, ``decode``, ``step``): the best plan with the chosen option vs the best
+    plan without it (re-solved with the choice forbidden), so ``rejected_cost >= cost`` whenever the
+    solve is optimal; ``rejected_split`` says where that difference comes from. ``rejected`` is ""
+    when there was no alternative (one legal option, or every other one breaks the memory budget:
+    tell the two apart by ``options``). ``cheaper_alone``: an option cheaper on its own than the
+    chosen one, and why it lost anyway."""
+
+    macro: str
+    strategy: str
+    cost: float
+    count: int = 1
+    in_block: bool = False
+    members: tuple[str, ...] = ()
+    rejected: str = ""
+    rejected_cost: Optional[float] = None
+    rejected_split: Optional[CostSplit] = None
+    cheaper_alone: Optional[Alternative] = None
+    options: tuple[OptionCost, ...] = ()
+    excluded: tuple[Exclusion, ...] = ()
+    weight_bytes_per_device: int = 0
+    fsdp: bool = False  # the chosen option shards weights for memory
+    stream: str = ""  # layout of the stream the chosen option reads/writes (planner.placements notation)
+    unit: str = "forward"
+    state: str = ""  # which stream layout that is (DiT block macros): STATE A | STATE B | SP-Megatron
+
+    @property
+    def scope(self) -> str:
+        """The module path the choice applies to: ``blocks.*.attn1``, ``condition_embedder.time_embedder``."""
+        return f"blocks.*.{self.macro}" if self.in_block else self.macro
+
+    @property
+    def node(self) -> str:
+        """For readers: ``blocks.*.attn1 (x40)``."""
+        return self.scope + (f" (x{self.count})" if self.count > 1 else "")
+
+    @property
+    def margin(self) -> Optional[float]:
+        """Seconds per unit the choice is worth: the best plan without it minus the best plan with it."""
+        return self.rejected_cost - self.cost if self.rejected and self.rejected_cost is not None else None
+
+    def option(self, name: str) -> Optional[OptionCost]:
+        return next((o for o in self.options if o.name == name), None)
+
+    def to_json(self) -> dict:
+        return {
+            "node": self.node,
+            "macro": self.macro,
+            "count": self.count,
+            "in_block": self.in_block,
+            "members": list(self.members),
+            "strategy": self.strategy,
+            "cost": self.cost,
+            "rejected": self.rejected,
+            "rejected_cost": self.rejected_cost,
+            "rejected_split": self.rejected_split.to_json() if self.rejected_split is not None else None,
+            "cheaper_alone": self.cheaper_alone.to_json() if self.cheaper_alone is not None else None,
+            "options": [o.to_json() for o in self.options],
+            "excluded": [x.to_json() for x in self.excluded],
+            "weight_bytes_per_device": self.weight_bytes_per_device,
+            "fsdp": self.fsdp,
+            "stream": self.stream,
+            "unit": self.unit,
+            "state": self.state,
+        }
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "Decision":
+        return cls(
+            macro=str(d["macro"]),
+            strategy=str(d["strategy"]),
+            cost=float(d["cost"]),
+            count=int(d.get("count", 1)),
+            in_block=bool(d.get("in_block", False)),
+            members=tuple(str(m) for m in d.get("members", ())),
+            rejected=str(d.get("rejected", "")),
+            rejected_cost=_maybe(float, d.get("rejected_cost")),
+            rejected_split=_maybe(CostSplit.from_json, d.get("rejected_split")),
+            cheaper_alone=_maybe(Alternative.from_json, d.get("cheaper_alone")),
+            options=tuple(OptionCost.from_json(o) for o in d.get("options", ())),
+            excluded=tuple(Exclusion.from_json(x) for x in d.get("excluded", ())),
+            weight_bytes_per_device=int(d.get("weight_bytes_per_device", 0)),
+            fsdp=bool(d.get("fsdp", False)),
+            stream=str(d.get("stream", "")),
+            unit=str(d.get("unit", "forward")),
+            state=str(d.get("state", "")),
+        )
 
 
 @dataclass(frozen=True)
@@ -425,7 +613,7 @@ class Plan:
             "mesh": self.mesh.to_json(),
             "hardware": self.hardware,
             "solver": self.solver.to_json(),
-            "params": {k: _spec_json(v) for k, v in self.params.items()},
+            "params": {k: spec_to_json(v) for k, v in self.params.items()},
             "activations": [a.to_json() for a in self.activations],
             "collectives": [c.to_json() for c in self.collectives],
             "predicted": self.predicted.to_json(),
@@ -443,10 +631,16 @@ class Plan:
         if not isinstance(data, Mapping):
             raise PlanError("plan.json must hold a JSON object")
         version = data.get("schema_version")
+        if isinstance(version, int) and not isinstance(version, bool) and 1 <= version < SCHEMA_VERSION:
+            raise PlanError(
+                f"plan.json has schema_version {version}, an older format (its decisions are prose, not typed "
+                f"data); this wancompile reads version {SCHEMA_VERSION} only. Re-plan to write a new one: "
+                "`wancompile plan ... --out DIR` (or drop the `plan` option and set dump_dir)."
+            )
         if version != SCHEMA_VERSION:
             raise PlanError(
                 f"plan.json has schema_version {version!r}; this wancompile reads version {SCHEMA_VERSION}. "
-                f"Re-plan with this version (drop the `plan` option) to write a new one."
+                f"Re-plan with this version (`wancompile plan ... --out DIR`, or drop the `plan` option) to write a new one."
             )
         for key in ("model", "mesh", "params"):
             if key not in data:
@@ -463,7 +657,7 @@ class Plan:
                 collectives=tuple(Collective.from_json(c) for c in data.get("collectives", [])),
                 predicted=Predicted(**data.get("predicted", {})),
                 solver=SolverInfo(**data.get("solver", {})),
-                decisions=tuple(Decision(**d) for d in data.get("decisions", [])),
+                decisions=tuple(Decision.from_json(d) for d in data.get("decisions", [])),
                 rewrites=tuple(
                     RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ())))
                     for r in data.get("rewrites", [])
@@ -511,7 +705,7 @@ def model_geometry(graph: Graph) -> dict[str, Any]:
     }
 
 
-def _spec_json(spec: PartitionSpec) -> list:
+def spec_to_json(spec: PartitionSpec) -> list:
     return [list(e) if isinstance(e, tuple) else e for e in spec]
 
 

@@ -7,7 +7,10 @@ required one the engine inserts a redistribution and prices it with the cost mod
 - an axis dropped from the minor end of a dim: all-gather (result bytes), grouped per dim;
 - an axis moved from one dim to another: all-to-all (operand bytes);
 - an axis added at the minor end of a dim: a local slice, free;
-- partial sums dropped: all-reduce (operand bytes);
+- partial sums dropped: all-reduce (operand bytes); dropped onto a dim the required layout splits
+  over the same axes: reduce-scatter (operand bytes) — what XLA's GPU ``ReduceScatterCreator`` and
+  tt-mlir's Shardy CCL canonicalisation make of GSPMD's all-reduce + dynamic-slice (the XLA CPU
+  pipeline leaves the pair; `wancompile.hlo` reads it as the reduce-scatter it is);
 - a dim whose axes change in another order (the same axes reordered, ``(model)`` -> ``(batch,
   model)``, ``(batch)`` -> ``(model)``, ...): the tiles live on other devices, and GSPMD moves them
   with a collective-permute (plus an all-gather when the split gets coarser), `_reshard_dim`.
@@ -20,9 +23,10 @@ compute seconds, peak per-device tensor bytes, guards, and warnings for ops with
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Iterable, Mapping, Optional
 
+from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile
@@ -33,20 +37,10 @@ from planner.rules import OpView, rule_for
 Layouts = tuple[Layout, ...]
 
 
-@dataclass(frozen=True)
-class CommEvent:
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int
-    where: str
-    reason: str
-    seconds: float
-
-
 @dataclass
 class Evaluation:
     layouts: dict[str, Layouts] = field(default_factory=dict)
-    events: list[CommEvent] = field(default_factory=list)
+    events: list[Collective] = field(default_factory=list)  # one per call (count 1), with reason and seconds
     compute_seconds: float = 0.0
     flops: float = 0.0
     bytes: float = 0.0  # per-device bytes the ops read and write (the roofline's memory term)
@@ -71,7 +65,16 @@ def redistribute(
     cur = actual
     if actual.partial and set(actual.partial) - set(required.partial):
         axes = tuple(a for a in actual.partial if a not in required.partial)
-        out.append(("all-reduce", axes, local_shape(meta.shape, cur, mesh)))
+        have = {a for d in cur.dims for a in d}
+        scatter = {d: tuple(a for a in want if a in axes and a not in have) for d, want in enumerate(required.dims)}
+        scatter = {d: a for d, a in scatter.items() if a}
+        reduced = tuple(a for a in axes if not any(a in s for s in scatter.values()))
+        if reduced:
+            out.append(("all-reduce", reduced, local_shape(meta.shape, cur, mesh)))
+        for d, sc in scatter.items():
+            # the partial sums land split on dim d: one reduce-scatter, not an all-reduce + slice
+            out.append(("reduce-scatter", sc, local_shape(meta.shape, cur, mesh)))
+            cur = cur.with_dim(d, tuple(a for a in required.dims[d] if a in cur.dims[d] or a in sc))
         cur = Layout(cur.dims, tuple(a for a in cur.partial if a in required.partial))
     src = {a: d for d, axes in enumerate(cur.dims) for a in axes}
     dst = {a: d for d, axes in enumerate(required.dims) for a in axes}
@@ -143,10 +146,12 @@ def evaluate(
     """
     ev = Evaluation()
     ev.layouts.update(boundary)
+    reduced: dict[str, int] = {}  # node -> index of the all-reduce of its partial sums in ev.events
 
     def charge(kind: str, axes: tuple[str, ...], shape: tuple, itemsize: int, where: str, reason: str) -> None:
         nbytes = _bytes(shape, itemsize, values)
-        ev.events.append(CommEvent(kind, axes, nbytes, where, reason, collective_seconds(kind, nbytes, axes, mesh, hw)))
+        seconds = collective_seconds(kind, nbytes, axes, mesh, hw)
+        ev.events.append(Collective(kind, axes, nbytes, where=where, reason=reason, seconds=seconds))
 
     for node in nodes:
         if node.op in ("placeholder", "output") or node.name in boundary:
@@ -179,7 +184,7 @@ def evaluate(
             ev.warnings.append(
                 f"{node.location}: no sharding rule for op {node.op!r}; planned replicated (all inputs gathered)"
             )
-        view = OpView(node, ins, metas, mesh)
+        view = OpView(node, ins, metas, mesh, wanted=forced.get(node.name))
         res = fn(view)
         ev.guards.extend(res.guards)
         for i, (have, want) in enumerate(zip(ins, res.required)):
@@ -188,11 +193,16 @@ def evaluate(
             for kind, axes, shape in redistribute(metas[i], have, want, mesh):
                 charge(kind, axes, shape, metas[i].itemsize, str(node.location), f"{node.inputs[i]} for {node.op}")
         for c in res.comm:
+            if c.kind == "all-reduce":
+                reduced[node.name] = len(ev.events)
             charge(c.kind, c.axes, c.shape, c.itemsize, str(node.location), c.reason)
         outs = res.outputs
         if node.name in forced and outs:
             want = forced[node.name]
-            for kind, axes, shape in redistribute(node.out, outs[0], want, mesh):
+            moves = redistribute(node.out, outs[0], want, mesh)
+            if not moves:
+                _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw)
+            for kind, axes, shape in moves:
                 charge(kind, axes, shape, node.out.itemsize, str(node.location), "activation constraint")
             outs = (want,) + tuple(outs[1:])
         ev.layouts[node.name] = outs
@@ -215,6 +225,32 @@ def evaluate(
             ),
         )
     return ev
+
+
+_PASS_THROUGH = ("dropout", "contiguous", "clone")
+
+
+def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw) -> None:
+    """An all-reduce whose value's only consumer (past pass-throughs) is sliced over the same axes
+    right after is a reduce-scatter: GSPMD emits the pair, the compilers fuse it (`redistribute`)."""
+    if not added:
+        return
+    for name in node.inputs:
+        src = graph[name]
+        while src.op in _PASS_THROUGH and src.name not in reduced and len(graph.users(src.name)) == 1:
+            src = graph[src.inputs[0]]
+        i = reduced.get(src.name)
+        if i is None or set(ev.events[i].axes) != added or len(graph.users(src.name)) != 1:
+            continue
+        e = ev.events[i]
+        ev.events[i] = replace(
+            e,
+            kind="reduce-scatter",
+            reason=e.reason + ", sliced by the next op",
+            seconds=collective_seconds("reduce-scatter", e.bytes, e.axes, mesh, hw),
+        )
+        del reduced[src.name]
+        return
 
 
 def _selects_output(graph: Graph, node: Node) -> bool:

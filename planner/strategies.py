@@ -21,6 +21,12 @@ Ulysses(t×σ)           all-to-all on σ around SDPA (heads split over (t, σ),
 replicated             nothing inside; the stream edge gathers tokens in (and slices out)
 Megatron(t) [+SP(σ)]   one all-reduce on t after the row-parallel linear
 +FSDP                  weights also split over σ, all-gathered per use (memory for time)
++hidden(t)             stream between macros split on D over t (STATE B): all-gather of the
+                       column-parallel input on D, reduce-scatter of the row-parallel sums onto D,
+                       LayerNorm statistics all-reduced on t
++seq(t)                stream split on the tokens over σ + t (sequence-parallel Megatron):
+                       all-gather of the column-parallel input on the tokens over t,
+                       reduce-scatter of the row-parallel sums onto them
 =====================  ========================================================================
 
 `forced` holds the activation constraints a strategy places (node name -> layout) at points the
@@ -38,6 +44,7 @@ from typing import Optional
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, divides, shard_count
+from planner.plan import Exclusion
 
 
 @dataclass(frozen=True)
@@ -54,8 +61,16 @@ class Macro:
     sdpa: Optional[str] = None
 
 
+Stream = tuple[tuple[str, ...], tuple[str, ...]]  # (axes splitting the stream's tokens, its hidden dim)
+
+
 @dataclass(frozen=True)
 class Strategy:
+    """One option of a macro. ``stream`` is the layout of the (B, L, D) residual stream the macro
+    reads and writes between macros — the ILP's key: ``(σ, ())`` is the seed's STATE A (hidden
+    whole), ``(σ, t)`` tt-metal's STATE B (hidden split over the TP axes), ``(σ + t, ())``
+    Megatron-LM's sequence parallelism (tokens also split over the TP axes)."""
+
     name: str
     sigma: tuple[str, ...]
     tp: tuple[str, ...]
@@ -64,6 +79,21 @@ class Strategy:
     params: dict[str, Layout] = field(default_factory=dict, hash=False, compare=False)
     forced: dict[str, Layout] = field(default_factory=dict, hash=False, compare=False)
     guards: tuple[Guard, ...] = ()
+    stream: Stream = ((), ())
+
+    @property
+    def state(self) -> str:
+        """Which stream layout this is, by its well-known name."""
+        return stream_state(self.stream, self.tp)
+
+
+def stream_state(stream: Stream, tp: tuple[str, ...] = ()) -> str:
+    tokens, hidden = stream
+    if hidden:
+        return "STATE B"
+    if tp and set(tp) <= set(tokens):
+        return "SP-Megatron"
+    return "STATE A"
 
 
 @dataclass(frozen=True)
@@ -221,25 +251,30 @@ def strategies(
     tile: int = 1,
     values: Optional[dict] = None,
     exclude: tuple[str, ...] = (),
-) -> tuple[list[Strategy], list[str]]:
+    hidden: Optional[int] = None,
+) -> tuple[list[Strategy], list[Exclusion]]:
     """Legal strategies of a macro, and the reasons the excluded ones were excluded. With symbolic
     tokens, a split is legal if its guard holds at the example sizes `values` (the plan records it).
-    Axes in `exclude` (the CFG batch split) are used by no strategy."""
+    Axes in `exclude` (the CFG batch split) are used by no strategy. `hidden` is the stream's
+    hidden size D: given, a block macro with TP axes t is also offered with the stream split
+    between macros on D over t (STATE B) and on the tokens over σ + t (sequence-parallel Megatron)."""
     axes = tuple(a for a in mesh.axis_names if mesh.axis_size(a) > 1 and a not in exclude)
     out: list[Strategy] = []
-    why: list[str] = []
+    why: list[Exclusion] = []
     sigmas = axis_sets(axes) if macro.in_block else [()]
     for sigma in sigmas:
         nsp = shard_count(mesh, sigma)
         fit = divides(nsp, tokens)
         guards: tuple[Guard, ...] = ()
         if fit is False:
-            why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide")
+            why.append(Exclusion(f"SP over {'x'.join(sigma)} ({nsp})", f"{tokens} tokens do not divide"))
             continue
         if isinstance(fit, Guard):
             guards = (Guard(fit.expr, fit.divisor, f"tokens split over {'+'.join(sigma)}"),)
             if values and not guards[0].holds(values):
-                why.append(f"SP over {'x'.join(sigma)} ({nsp}): {tokens} tokens do not divide at sizes {values}")
+                why.append(
+                    Exclusion(f"SP over {'x'.join(sigma)} ({nsp})", f"{tokens} tokens do not divide at sizes {values}")
+                )
                 continue
         rest = tuple(a for a in axes if a not in sigma)
         for tp in axis_sets(rest):
@@ -247,26 +282,60 @@ def strategies(
             if macro.width % ntp:
                 unit = "heads" if macro.kind == "attention" else "features"
                 why.append(
-                    f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp}): "
-                    f"{macro.width} {unit} do not divide into {ntp}"
+                    Exclusion(
+                        f"{'head-TP' if macro.kind == 'attention' else 'Megatron'} over {'x'.join(tp)} ({ntp})",
+                        f"{macro.width} {unit} do not divide into {ntp}",
+                    )
                 )
                 continue
-            candidates = [
-                _make(graph, macro, mesh, sigma, tp, False, fsdp, guards)
-                for fsdp in ((False, True) if sigma else (False,))
-            ]
+            base = [(False, fsdp) for fsdp in ((False, True) if sigma else (False,))]
             if macro.kind == "attention" and macro.self_attention and sigma:
                 if macro.width % (ntp * nsp):
-                    why.append(f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp}): {macro.width} heads do not divide")
+                    why.append(
+                        Exclusion(
+                            f"Ulysses over {'x'.join(tp + sigma)} ({ntp * nsp})", f"{macro.width} heads do not divide"
+                        )
+                    )
                 else:
-                    candidates.append(_make(graph, macro, mesh, sigma, tp, True, False, guards))
+                    base.append((True, False))
+            candidates = []
+            for stream, extra in _streams(macro, mesh, sigma, tp, tokens, hidden, values, why):
+                for ulysses, fsdp in base:
+                    candidates.append(_make(graph, macro, mesh, sigma, tp, ulysses, fsdp, guards + extra, stream))
             for s in candidates:
                 bad = undivided(graph, mesh, s, values)
                 if bad:
-                    why.append(f"{s.name}: {bad}")
+                    why.append(Exclusion(s.name, bad))
                 else:
                     out.append(s)
     return out, why
+
+
+def _streams(macro: Macro, mesh: MeshSpec, sigma, tp, tokens, hidden, values, why) -> list[tuple[Stream, tuple]]:
+    """The stream layouts a macro with SP axes σ and TP axes t may read and write, with the guards
+    each adds: STATE A always; STATE B and sequence-parallel Megatron for block macros with t."""
+    out: list[tuple[Stream, tuple]] = [((tuple(sigma), ()), ())]
+    if not macro.in_block or not tp or hidden is None:
+        return out
+    ntp = shard_count(mesh, tp)
+    label = "x".join(tp)
+    if hidden % ntp:
+        why.append(Exclusion(f"hidden-split stream over {label} ({ntp})", f"hidden size {hidden} does not divide"))
+    else:
+        out.append(((tuple(sigma), tuple(tp)), ()))
+    n = shard_count(mesh, tuple(sigma) + tuple(tp))
+    fit = divides(n, tokens)
+    if isinstance(fit, Guard):
+        fit = Guard(fit.expr, fit.divisor, f"tokens split over {'+'.join(tuple(sigma) + tuple(tp))} between macros")
+        if values and not fit.holds(values):
+            fit = False
+    if fit is False:
+        why.append(
+            f"sequence-parallel stream over {'x'.join(tuple(sigma) + tuple(tp))} ({n}): {tokens} tokens do not divide"
+        )
+    else:
+        out.append(((tuple(sigma) + tuple(tp), ()), (fit,) if isinstance(fit, Guard) else ()))
+    return out
 
 
 def undivided(graph: Graph, mesh: MeshSpec, s: Strategy, values: Optional[dict] = None) -> Optional[str]:
@@ -284,7 +353,9 @@ def undivided(graph: Graph, mesh: MeshSpec, s: Strategy, values: Optional[dict] 
     return None
 
 
-def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, fsdp: bool, guards) -> Strategy:
+def _make(
+    graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, fsdp: bool, guards, stream: Stream
+) -> Strategy:
     params: dict[str, Layout] = {}
     fs = sigma if fsdp else ()
     first = macro.linears[0]
@@ -320,7 +391,21 @@ def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, 
             reads_stream = _reads_stream(graph, macro, lin)
             rows = sigma if reads_stream else ()
             feat = tp if lin_name in col else ()
+            if lin_name not in col and stream[1]:
+                rows, feat = stream  # the row-parallel sums reduce-scattered onto the hidden split
             forced[lin_name] = Layout(((),) * (nd - 2) + (rows, feat))
+            if lin_name not in col and stream[0] != tuple(sigma):
+                # tokens split further: reduce the sums first (pinned whole above), then slice at
+                # the linear's user (attention: to_out's dropout; MLP: the cast), inside the macro —
+                # pinned straight onto the tokens, GSPMD instead all-to-alls the input and gathers
+                # the weight (measured); the pair is the reduce-scatter
+                (user,) = graph.users(lin.name)
+                forced[user.name] = Layout(((),) * (len(user.out.shape) - 2) + stream)
+            if lin_name in col and reads_stream and stream != (tuple(sigma), ()):
+                # the all-gather before the column-parallel linear: its input (the normalised,
+                # modulated stream) whole on the dims the stream splits beyond σ
+                src = graph[lin.inputs[0]]
+                forced[src.name] = Layout(((),) * (len(src.out.shape) - 2) + (tuple(sigma), ()))
     if macro.kind == "attention" and macro.self_attention and sigma:
         sdpa = graph[macro.sdpa]
         q, k, v = sdpa.inputs[:3]
@@ -341,8 +426,8 @@ def _make(graph: Graph, macro: Macro, mesh: MeshSpec, sigma, tp, ulysses: bool, 
                 forced[lin_name] = Layout(((), sigma, tp))
             for x in (k, v):
                 forced[x] = Layout(((), tp, (), ()))
-    name = _name(macro, sigma, tp, ulysses, fsdp)
-    return Strategy(name, sigma, tp, ulysses, fsdp, params, forced, guards)
+    name = _name(macro, sigma, tp, ulysses, fsdp, stream)
+    return Strategy(name, sigma, tp, ulysses, fsdp, params, forced, guards, stream)
 
 
 _RESHAPES = ("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze")
@@ -353,7 +438,7 @@ def _reads_stream(graph: Graph, macro: Macro, lin: Node) -> bool:
     return not (macro.kind == "attention" and not macro.self_attention and lin.name in macro.linears[1:-1])
 
 
-def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool) -> str:
+def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool, stream: Stream = ((), ())) -> str:
     s, t = "x".join(sigma), "x".join(tp)
     if ulysses:
         base = f"Ulysses({'+'.join(tp + sigma)})"
@@ -365,4 +450,9 @@ def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool) -> str:
         )
     else:
         base = f"Megatron({t})" + (f"+SP({s})" if sigma else "") if tp else (f"SP({s})" if sigma else "replicated")
-    return base + ("+FSDP" if fsdp else "")
+    suffix = ""
+    if stream[1]:
+        suffix = f"+hidden({'x'.join(stream[1])})"
+    elif tuple(stream[0]) != tuple(sigma):
+        suffix = f"+seq({'x'.join(a for a in stream[0] if a not in sigma)})"
+    return base + ("+FSDP" if fsdp else "") + suffix

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
 from planner.cost_model import collective_seconds, to_ns
+from planner.explain import explain_choices
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile, default_hardware, get_profile
 from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
@@ -49,6 +50,7 @@ from planner.plan import (
     ActivationConstraint,
     Collective,
     Decision,
+    Exclusion,
     MemoryBudgetError,
     Plan,
     PlanError,
@@ -207,7 +209,7 @@ def _activations(graph: Graph, m: Macro) -> list[Node]:
     return [graph[x] for x in m.nodes if graph[x].outputs and len(graph[x].out.shape) in (4, 5)]
 
 
-def _spatial_fits(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, crossing: list[str]) -> Optional[str]:
+def _spatial_fits(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, crossing: list[str]) -> Optional[Exclusion]:
     nh, nw = shard_count(mesh, key[1]), shard_count(mesh, key[2])
     for node in _activations(graph, m) + [graph[x] for x in crossing]:
         if node.op in ("pad",):
@@ -217,18 +219,19 @@ def _spatial_fits(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, crossing: 
             continue
         h, w = shape[-2], shape[-1]
         if (nh > 1 and (not isinstance(h, int) or h % nh)) or (nw > 1 and (not isinstance(w, int) or w % nw)):
-            return (
-                f"spatial({_key_name(key)}): {node.location} has H x W = {h} x {w}, which does not split "
-                f"evenly into {nh} x {nw} (GSPMD gathers uneven conv halos instead of exchanging them)"
+            return Exclusion(
+                f"spatial({_key_name(key)})",
+                f"{node.location} has H x W = {h} x {w}, which does not split evenly into {nh} x {nw} "
+                "(GSPMD gathers uneven conv halos instead of exchanging them)",
             )
     return None
 
 
 def macro_strategies(
     graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str]
-) -> tuple[list[VaeStrategy], list[str]]:
+) -> tuple[list[VaeStrategy], list[Exclusion]]:
     """Legal strategies of a macro and the reasons the others were excluded."""
-    why: list[str] = []
+    why: list[Exclusion] = []
     out: list[VaeStrategy] = []
     rep = {p: Layout.replicated(len(graph[p].out.shape)) for p in m.params}
     convs = [graph[x] for x in m.nodes if graph[x].op in ("conv3d", "conv2d")]
@@ -256,7 +259,7 @@ def macro_strategies(
                     n = shard_count(mesh, t)
                     width = conv1.out.shape[1]
                     if width % n:
-                        why.append(f"channel({'+'.join(t)}): {width} channels do not divide into {n}")
+                        why.append(Exclusion(f"channel({'+'.join(t)})", f"{width} channels do not divide into {n}"))
                         continue
                     params = dict(rep)
                     w1, b1 = conv1.inputs[1], (conv1.inputs[2] if len(conv1.inputs) > 2 else None)
@@ -290,7 +293,7 @@ def _attention_gather(graph: Graph, m: Macro, key: tuple) -> dict:
     return forced
 
 
-def _attention_frames(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, why: list[str]) -> list[VaeStrategy]:
+def _attention_frames(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, why: list[Exclusion]) -> list[VaeStrategy]:
     """Frames (B*T) split over the axes of the stream key: the attention needs no communication."""
     nodes = [graph[x] for x in m.nodes]
     qkv = next(n for n in nodes if n.op == "conv2d")
@@ -301,7 +304,9 @@ def _attention_frames(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, why: l
     n = shard_count(mesh, t)
     frames = normed.out.shape[0]
     if sdpa is None or frames % n:
-        why.append(f"frames({'+'.join(t)}) at {_key_name(key)}: {frames} frames (B*T) do not divide into {n}")
+        why.append(
+            Exclusion(f"frames({'+'.join(t)}) at {_key_name(key)}", f"{frames} frames (B*T) do not divide into {n}")
+        )
         return []
     rep = {p: Layout.replicated(len(graph[p].out.shape)) for p in m.params}
     split = Layout(((t,) + ((),) * (len(normed.out.shape) - 1)))
@@ -426,7 +431,7 @@ def plan_vae(
     ctx = _VaeCtx(graph, mesh, hw, dict(values or {}))
     groups: list[Group] = []
     tables: dict[str, list[VaeStrategy]] = {}
-    excluded: dict[str, list[str]] = {}
+    excluded: dict[str, list[Exclusion]] = {}
     evals: dict[tuple[str, str], Evaluation] = {}
     for gname, members in ctx.members.items():
         rep = members[0]
@@ -438,9 +443,9 @@ def plan_vae(
                 f"{rep.name} ({rep.kind}): no legal strategy matches preset {preset!r} and only="
                 f"{[w for w in wanted if w]!r}; legal: "
                 + ", ".join(s.name for s in opts)
-                + ("; excluded: " + "; ".join(dict.fromkeys(why)) if why else "")
+                + ("; excluded: " + "; ".join(f"{x.option}: {x.reason}" for x in dict.fromkeys(why)) if why else "")
             )
-        why += [f"restricted: {s.name}" for s in opts if s not in kept]
+        why += [Exclusion(s.name, f"restricted by preset {preset!r} / only") for s in opts if s not in kept]
         options = []
         for s in kept:
             ev = ctx.evaluate(rep, s)
@@ -479,7 +484,7 @@ def plan_vae(
             need_gb=need,
         ) from None
     chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
-    decisions = _decisions(groups, edges, res, memory_kib, excluded)
+    decisions = _decisions(ctx, groups, edges, res, memory_kib, excluded)
     return _assemble(ctx, chosen, res, decisions, model or graph.model, evals)
 
 
@@ -502,29 +507,16 @@ def _edges(ctx: _VaeCtx, tables: dict[str, list[VaeStrategy]]) -> list[Edge]:
     return [Edge(a, b, 1, c) for (a, b), c in costs.items()]
 
 
-def _decisions(groups, edges, res, memory_kib, excluded) -> list[Decision]:
-    out = []
-    for g in groups:
-        i = res.choice[g.name]
-        o = g.options[i]
-        cost = res.objective_ns / 1e9
-        note = f"plan total {cost * 1e3:.3f} ms per decode ({o.name}: {g.count * o.cost_ns / 1e6:.3f} ms of it, x{g.count})"
-        rejected, rcost = "", None
-        if len(g.options) > 1:
-            try:
-                alt = solve(groups, edges, memory_kib=memory_kib, forbid={g.name: i}, time_limit_s=2.0)
-                rejected, rcost = g.options[alt.choice[g.name]].name, alt.objective_ns / 1e9
-                note += f"; next best: {rejected}, plan total {rcost * 1e3:.3f} ms"
-            except Infeasible:
-                note += "; every alternative breaks the memory budget"
-        ranked = sorted(range(len(g.options)), key=lambda j: g.options[j].cost_ns)[:6]
-        note += "; options on their own (ms): " + ", ".join(
-            f"{g.options[j].name}={g.count * g.options[j].cost_ns / 1e6:.3f}" for j in ranked
-        )
-        if excluded[g.name]:
-            note += "; excluded: " + "; ".join(dict.fromkeys(excluded[g.name]))
-        out.append(Decision(g.name + (f" (x{g.count})" if g.count > 1 else ""), o.name, cost, rejected, rcost, note))
-    return out
+def _decisions(ctx: _VaeCtx, groups, edges, res, memory_kib, excluded) -> tuple[Decision, ...]:
+    """One typed Decision per group (`planner.explain.explain_choices`): costs per decode; the stream
+    of an option is the layout of the group's first input under its key."""
+
+    def stream(g: Group, key: tuple) -> str:
+        crossing = ctx.crossing(ctx.by_name[g.name])
+        return stream_layout(key, ctx.g[crossing[0]].out).show(ctx.mesh) if crossing else ""
+
+    members = {name: tuple(m.name for m in ms) for name, ms in ctx.members.items() if len(ms) > 1}
+    return explain_choices(groups, edges, res, memory_kib, excluded, "decode", stream=stream, members=members)
 
 
 def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, model: str, evals) -> Plan:

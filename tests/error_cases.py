@@ -180,6 +180,19 @@ def _plan_truncated(tmp):
     load_plan(_truncated(tmp))
 
 
+def _plan_old_schema(tmp):
+    import json
+
+    from planner.plan import load_plan
+
+    data = json.loads((_plan_dir(tmp) / "plan.json").read_text())
+    data["schema_version"] = 1  # a plan written before decisions were typed
+    old = tmp / "old" / "plan.json"
+    old.parent.mkdir()
+    old.write_text(json.dumps(data))
+    load_plan(old)
+
+
 def _plan_missing(tmp):
     from planner.plan import load_plan
 
@@ -583,6 +596,15 @@ CASES: tuple[Case, ...] = (
         r"is not valid JSON .* truncated",
         "regenerate it",
         raises(_plan_truncated),
+    ),
+    Case(
+        "plan-old-schema",
+        "library",
+        "`plan=` a plan.json of schema_version 1 (before typed decisions)",
+        "PlanError",
+        r"schema_version 1, an older format.*Re-plan to write a new one: `wancompile plan",
+        "re-plan with `wancompile plan`",
+        raises(_plan_old_schema),
     ),
     Case(
         "plan-missing",

@@ -108,6 +108,7 @@ def _main(devices: int, cases: list[str]) -> None:
             options["plan"] = str(save_plan(saved, dump / f"{case.replace('/', '-')}.plan.json"))
         out, ref, program = run_with_backend(model, pair, **options)
         plan = program.plan
+        save_plan(plan, dump / f"{case.replace('/', '-')}.compiled.plan.json")  # next to the HLO, to read both
         result, one = numerics(out[0], eager), numerics(out, ref)
         observed = program.collectives()
         matches = compare_collectives(plan.collectives, observed)

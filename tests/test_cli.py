@@ -100,16 +100,16 @@ def test_explain_a_parameter_and_an_op(tiny_dirs, capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[:3] == [
         "parameter blocks.*.attn1.to_out.0.weight (same spec in all 2 blocks)",
-        "  spec: (-, model)",
+        "  spec: (R, S(1))",
         "  shape: (64, 64) bfloat16; per device (64, 16)",
     ]
     assert "all-reduce on model 3.0 KiB" in out
     assert main(["explain", d, "blocks.0.attn1:scaled_dot_product_attention#0"]) == 0
     out = capsys.readouterr().out
-    assert "-> 1 × 4/model × 48/batch × 16" in out and out.count("all-gather on batch 1.5 KiB") == 2
+    assert "-> 1 × 4 × 48 × 16 (S(2), S(1))" in out and out.count("all-gather on batch 1.5 KiB") == 2
     assert main(["explain", d, ":contiguous#0"]) == 0
     assert (
-        "constraint at :contiguous#0: (-, batch, -) — SP: tokens sharded at the block-stack entry"
+        "constraint at :contiguous#0: (S(1), R) — SP: tokens sharded at the block-stack entry"
         in capsys.readouterr().out
     )
 

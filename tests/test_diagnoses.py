@@ -71,7 +71,7 @@ def test_uneven_splits_are_excluded_before_the_solve():
     ffn = next(m for m in st.block_macros if m.name == "ffn")
     opts, why = strategies(graph, ffn, parse_mesh("8x4"), st.tokens, tile=32)
     assert not any(s.fsdp and set(s.sigma) | set(s.tp) == {"batch", "model"} for s in opts)
-    assert any("ffn.net.0.proj.weight dim 0 of size 200 does not split 32 ways" in w for w in why), why
+    assert any("ffn.net.0.proj.weight dim 0 of size 200 does not split 32 ways" in w.reason for w in why), why
 
 
 def test_plans_record_their_geometry_and_keep_it_through_json(tmp_path):

@@ -33,9 +33,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # mesh -> (devices, cases); a case is (name, backend options, only= restriction or None)
 MESHES = {
-    "2x4": (8, [("auto", {"memory_gb": 0.00025}, None), ("ulysses", {}, {"attn1": r"^Ulysses\(batch\)$"})]),
+    "2x4": (
+        8,
+        [
+            ("auto", {"memory_gb": 0.00025}, None),
+            ("ulysses", {}, {"attn1": r"^Ulysses\(batch\)$"}),
+            ("state-b", {}, {m: r"\+SP\(batch\)\+hidden\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+            ("sp-megatron", {}, {m: r"\+SP\(batch\)\+seq\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+        ],
+    ),
     "1x8": (8, [("auto", {"memory_gb": 0.0003}, None)]),
-    "8x4": (32, [("auto", {"memory_gb": 0.0002}, None)]),
+    "8x4": (
+        32,
+        [
+            ("auto", {"memory_gb": 0.0002}, None),
+            ("state-b", {}, {m: r"\+SP\(batch\)\+hidden\(model\)$" for m in ("attn1", "attn2", "ffn")}),
+        ],
+    ),
     "2x2": (4, [("ulysses-tp-major", {}, {"attn1": r"^Ulysses\(model\+batch\)$"})]),
 }
 
@@ -72,6 +86,13 @@ def test_compiled_collectives_are_the_plans(mesh):
         if row["case"] == "auto":
             # the budget forces weight sharding: the plan is not the replicated default
             assert any("FSDP" in s for s in strategies.values()), strategies
+        elif row["case"] in ("state-b", "sp-megatron"):
+            # the stream between macros split beyond the SP axes: the row-parallel sums are
+            # reduce-scattered (3 per block, 2 blocks) and gathered before each column-parallel input
+            suffix = "+hidden(model)" if row["case"] == "state-b" else "+seq(model)"
+            assert all(s.endswith(suffix) for k, s in strategies.items() if k.startswith("blocks.")), strategies
+            rs = [(m["axes"], m["observed_count"]) for m in row["matches"] if m["kind"] == "reduce-scatter"]
+            assert rs == [(["model"], 6)], row["table"]
         else:
             assert strategies["blocks.*.attn1 (x2)"].startswith("Ulysses"), strategies
             a2a = [m for m in row["matches"] if m["kind"] == "all-to-all"]
@@ -79,8 +100,8 @@ def test_compiled_collectives_are_the_plans(mesh):
             assert [(m["axes"], m["observed_count"]) for m in a2a] == [(["batch"], 8)], row["table"]
             assert not any(m["kind"] == "collective-permute" for m in row["matches"]), row["table"]
         if mesh == "1x8":
-            attn1 = row["notes"]["blocks.*.attn1 (x2)"]
-            assert "head-TP over model (8): 4 heads do not divide into 8" in attn1
+            attn1 = row["excluded"]["blocks.*.attn1 (x2)"]
+            assert ["head-TP over model (8)", "4 heads do not divide into 8"] in attn1
 
 
 @pytest.mark.usefixtures("spmd")
@@ -131,12 +152,13 @@ def test_every_stream_reshard_is_what_the_partitioner_emits(shape):
 # --- the subprocess -------------------------------------------------------------------------------
 
 
-def _main(mesh: str) -> None:
+def _main(mesh: str, only_cases: tuple[str, ...] = ()) -> None:
     import tempfile
 
     from wancompile import runtime
 
     _, cases = MESHES[mesh]
+    cases = [c for c in cases if not only_cases or c[0] in only_cases]
     dump = Path(tempfile.mkdtemp(prefix=f"wancompile-fidelity-{mesh}-"))
     runtime.configure(num_devices=MESHES[mesh][0], dump_dir=dump / "hlo")
 
@@ -167,7 +189,7 @@ def _main(mesh: str) -> None:
             "pcc": result.pcc,
             "max_abs": result.max_abs,
             "strategies": {d.node: d.strategy for d in program.plan.decisions},
-            "notes": {d.node: d.note for d in program.plan.decisions},
+            "excluded": {d.node: [[x.option, x.reason] for x in d.excluded] for d in program.plan.decisions},
             "sharded_params": len(program.plan.sharded_params()),
             "matches": [
                 {
@@ -186,11 +208,15 @@ def _main(mesh: str) -> None:
             "hlo": str(program.hlo_path),
         }
         print("FIDELITY " + json.dumps(row), flush=True)
-        print(f"{mesh} {name}: {result}; " + "; ".join(f"{k}: {v}" for k, v in row["strategies"].items()), flush=True)
+        print(
+            f"{mesh} {name}: {result}; hlo {row['hlo']}; "
+            + "; ".join(f"{k}: {v}" for k, v in row["strategies"].items()),
+            flush=True,
+        )
         for line in row["table"]:
             print("   ", line, flush=True)
 
 
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
-    _main(sys.argv[1])
+    _main(sys.argv[1], tuple(sys.argv[2:]))  # python tests/test_fidelity.py MESH [CASE ...]

@@ -36,3 +36,24 @@ def test_parse_collectives_kinds_axes_and_bytes():
         ("collective-permute", ("model",), 16 * 4),
         ("all-to-all", ("batch",), 2 * 16 * 4),
     ]
+
+
+def test_compiled_collectives_are_the_plans_type_and_are_counted_alike():
+    from planner.collective import Collective
+    from wancompile.verify import compare_collectives
+
+    observed = parse_collectives(HLO, MESH)
+    assert all(type(c) is Collective and c.count == 1 and c.seconds is None for c in observed)
+    first = observed[0]
+    assert (first.where, first.shape, first.groups) == ("all-reduce.3", "f32[24,64]{1,0}", ((0, 1, 2, 3), (4, 5, 6, 7)))
+    assert "shape" not in first.to_json() and "groups" not in first.to_json()  # HLO extras never reach plan.json
+    predicted = [
+        Collective("all-reduce", ("model",), 24 * 64 * 4, count=2, where="blocks.*.ffn.net.2:linear#0"),
+        Collective("all-gather", ("batch",), 48 * 16 * 4, where="blocks.*.attn1:permute#1"),
+    ]
+    rows = {(m.kind, m.axes): m for m in compare_collectives(predicted, observed + observed[:1])}
+    ar = rows["all-reduce", ("model",)]
+    assert (ar.predicted_count, ar.observed_count, ar.observed_bytes) == (2, 2, 2 * 24 * 64 * 4) and ar.bytes_ok()
+    assert rows["all-gather", ("batch",)].count_ok
+    a2a = rows["all-to-all", ("batch",)]
+    assert (a2a.predicted_count, a2a.observed_count) == (0, 1) and not a2a.count_ok

@@ -71,7 +71,7 @@ def test_spec_that_does_not_divide_the_tensor_is_refused(graph, hand_plan):
     bad = hand_plan.with_(mesh=MeshSpec((2, 3), ("batch", "model")))
     with pytest.raises(
         PlanError,
-        match=r"plan parameter \S+weight: dim 0 of size 64 cannot be split 3 ways by \(model, -\) on mesh 2x3",
+        match=r"plan parameter \S+weight: dim 0 of size 64 cannot be split 3 ways over model by \(R, S\(0\)\) on mesh 2x3",
     ):
         bad.check(graph)
 
@@ -93,6 +93,12 @@ def test_corrupted_plan_files_get_clear_errors(tmp_path, hand_plan):
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="schema_version 99"):
         load_plan(path)
+    data["schema_version"] = 1  # the format before typed decisions
+    path.write_text(json.dumps(data))
+    with pytest.raises(
+        PlanError, match=r"schema_version 1, an older format.*Re-plan.*`wancompile plan \.\.\. --out DIR`"
+    ):
+        load_plan(path)
     data = hand_plan.to_json()
     del data["params"]
     path.write_text(json.dumps(data))
@@ -103,3 +109,41 @@ def test_corrupted_plan_files_get_clear_errors(tmp_path, hand_plan):
     path.write_text(json.dumps(data))
     with pytest.raises(PlanError, match="bad partition spec 'model'"):
         load_plan(path)
+
+
+def test_decisions_are_typed_data_that_round_trip(tmp_path, graph):
+    """Every decision of an auto plan: the options with their own costs (the chosen one among them),
+    the exclusions with reasons, and a runner-up whose cost split adds up to the whole difference."""
+    from planner import plan_graph
+    from planner.placements import show_spec
+    from planner.plan import CostSplit, Decision, Exclusion, OptionCost
+
+    plan = plan_graph(graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00025)
+    assert load_plan(save_plan(plan, tmp_path / "plan.json")) == plan
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert data["schema_version"] == 2 and "note" not in data["decisions"][0]
+    by_macro = {d.macro: d for d in plan.decisions}
+    assert set(by_macro) == {
+        "attn1",
+        "attn2",
+        "ffn",
+        "condition_embedder.time_embedder",
+        "condition_embedder.text_embedder",
+    }
+    attn1 = by_macro["attn1"]
+    assert (attn1.in_block, attn1.count, attn1.scope, attn1.node) == (True, 2, "blocks.*.attn1", "blocks.*.attn1 (x2)")
+    assert not by_macro["condition_embedder.time_embedder"].in_block
+    for d in plan.decisions:
+        assert type(d) is Decision and all(type(o) is OptionCost for o in d.options)
+        assert d.option(d.strategy) is not None and d.unit == "forward"
+        assert [o.seconds_own for o in d.options] == sorted(o.seconds_own for o in d.options)
+        assert all(type(x) is Exclusion and x.option and x.reason for x in d.excluded)
+        if d.rejected:
+            split = d.rejected_split
+            assert type(split) is CostSplit and split.total == pytest.approx(d.rejected_cost - d.cost, abs=1e-9)
+            assert d.margin == d.rejected_cost - d.cost >= 0
+    entry = next(a for a in plan.activations if a.location.module == "" and len(a.spec) == 3)  # the block-stack entry
+    assert attn1.stream == show_spec(entry.spec, plan.mesh) == attn1.option(attn1.strategy).stream
+    assert attn1.stream.startswith("(") and "S(1)" in attn1.stream  # the tiny plan splits the tokens
+    assert Exclusion("head-TP over batchxmodel (8)", "4 heads do not divide into 8") in attn1.excluded
+    assert {o.stream for o in by_macro["condition_embedder.time_embedder"].options} == {""}  # no stream outside blocks

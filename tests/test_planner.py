@@ -17,7 +17,7 @@ from planner.hand_plans import tt_xla_plan
 from planner.hardware import PROFILES
 from planner.mesh import parse_mesh
 from planner.placements import Layout
-from planner.plan import MemoryBudgetError
+from planner.plan import Exclusion, MemoryBudgetError
 from planner.propagate import evaluate
 from planner.rules import rule_for
 
@@ -89,6 +89,25 @@ def test_unknown_op_is_planned_replicated_with_a_warning():
     assert "no sharding rule for op 'frobnicate'" in ev.warnings[0]
 
 
+def test_one_layout_notation_per_mesh_axis_with_an_explicit_unusual_order():
+    from planner.mesh import MeshError
+    from planner.placements import check_spec, show_spec
+
+    mesh = parse_mesh("2x4")  # axes (batch, model)
+    assert Layout(((), ("batch",), ())).show(mesh) == "(S(1), R)"
+    assert Layout((("model",), ())).show(mesh) == show_spec(("model", None), mesh) == "(R, S(0))"
+    assert Layout(((), ("batch",), ()), ("model",)).show(mesh) == "(S(1), P(sum))"
+    assert Layout(((), ("batch", "model"), ())).show(mesh) == "(S(1), S(1))"  # mesh order: batch major
+    assert Layout(((), ("model", "batch"), ())).show(mesh) == "(S(1), S(1))[1: model>batch]"
+    assert Layout.replicated(2).show(mesh) == "(R, R)"
+    with pytest.raises(
+        MeshError, match=r"dim 1 of size 6 cannot be split 4 ways over model by \(R, S\(1\)\) on mesh 2x4"
+    ):
+        check_spec((None, "model"), (8, 6), mesh, "w")
+    with pytest.raises(MeshError, match=r"spec \['model', 'model'\] uses a mesh axis twice"):
+        check_spec(("model", "model"), (8, 8), mesh, "w")
+
+
 def test_engine_reproduces_the_measured_hand_plan_bill(tiny):
     """The tt-xla plan on 2x4 compiled to exactly this bill (measured, wancompile.hlo); the op rules
     must find the same collectives from the plan's specs alone."""
@@ -108,7 +127,7 @@ def test_engine_reproduces_the_measured_hand_plan_bill(tiny):
 def test_no_head_tp_when_heads_do_not_divide(tiny):
     plan = plan_graph(tiny, parse_mesh("1x8"), "wh-loudbox")
     attn = next(d for d in plan.decisions if d.node.startswith("blocks.*.attn1"))
-    assert "head-TP over model (8): 4 heads do not divide into 8" in attn.note
+    assert Exclusion("head-TP over model (8)", "4 heads do not divide into 8") in attn.excluded
     assert "head-TP" not in attn.strategy
     assert plan.params["blocks.0.attn1.to_q.weight"] in (
         (None, None),
@@ -182,15 +201,29 @@ def test_rediscovers_megatron_on_1x4(a14b):
     stats = [c for c in plan.collectives if "norm_q" in c.where and c.kind == "all-reduce"]
     assert stats and stats[0].axes == ("model",) and stats[0].count == 40
     attn1 = next(d for d in plan.decisions if d.node.startswith("blocks.*.attn1"))
-    assert attn1.strategy == "head-TP(model)", attn1  # whole heads per device: 10 of 40
-    wh = plan_graph(a14b, parse_mesh("1x4"), "wh-loudbox", memory_gb=1000, num_blocks=40, sequence_parallel=False)
+    # whole heads per device (10 of 40); between the pairs the stream stays split on D (tt-metal's STATE B)
+    assert attn1.strategy == "head-TP(model)+hidden(model)" and attn1.state == "STATE B", attn1
+    seed = plan_graph(
+        a14b, parse_mesh("1x4"), "h100x8", memory_gb=1000, num_blocks=40, sequence_parallel=False, stream_layouts=False
+    )
+    assert next(d for d in seed.decisions if d.macro == "attn1").strategy == "head-TP(model)"
+    assert plan.predicted.step_seconds < seed.predicted.step_seconds
+    wh = plan_graph(
+        a14b,
+        parse_mesh("1x4"),
+        "wh-loudbox",
+        memory_gb=1000,
+        num_blocks=40,
+        sequence_parallel=False,
+        stream_layouts=False,
+    )
     attn2 = next(d for d in wh.decisions if d.node.startswith("blocks.*.attn2"))
     if attn2.strategy != "head-TP(model)":
         assert attn2.rejected == "head-TP(model)" and attn2.rejected_cost > attn2.cost, attn2
     # with SP allowed the dump says, with costs, what wins instead and what head-TP would cost
-    free = plan_graph(a14b, parse_mesh("1x4"), "wh-loudbox", memory_gb=1000, num_blocks=40)
+    free = plan_graph(a14b, parse_mesh("1x4"), "wh-loudbox", memory_gb=1000, num_blocks=40, stream_layouts=False)
     attn = next(d for d in free.decisions if d.node.startswith("blocks.*.attn1"))
-    assert "head-TP(model)=" in attn.note and attn.rejected_cost >= attn.cost
+    assert attn.option("head-TP(model)") is not None and attn.rejected_cost >= attn.cost
 
 
 @pytest.mark.slow

@@ -64,29 +64,29 @@ def test_hand_plan_block_table_and_bill_are_the_seeds(hand_dir):
         """\
 ## One block, op by op (`blocks.*`, x2)
 
-State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); `+P(model)`: partial sums over `model`. us = predicted compute + collectives of the op, per block.
+State = global shape and layout, one placement per mesh axis (batch, model): `S(d)` split on dim d, `R` replicated, `P(sum)` partial sums (`[d: a>b]`: dim d split over a then b, against the mesh order). us = predicted compute + collectives of the op, per block.
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
-| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_q:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_k:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_v:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.norm_q:rms_norm#0` | weight (model) | 1 x 48/batch x 64/model | 1 x 48/batch x 64/model | -- | all-reduce on model | 96 B | 33.5 |
-| `blocks.*.attn1.norm_k:rms_norm#0` | weight (model) | 1 x 48/batch x 64/model | 1 x 48/batch x 64/model | -- | all-reduce on model | 96 B | 33.5 |
-| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4/model x 48/batch x 16 | 1 x 4/model x 48/batch x 16 | -- | all-gather on batch<br>all-gather on batch | 1.5 KiB<br>1.5 KiB | 19.9 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 64/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
-| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48/batch x 64<br>64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_q:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 64/model | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_k:linear#0` | weight (model, -); bias (model) | 1 x 7 x 64 | 1 x 7 x 64/model | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_v:linear#0` | weight (model, -); bias (model) | 1 x 7 x 64 | 1 x 7 x 64/model | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.norm_q:rms_norm#0` | weight (model) | 1 x 48/batch x 64/model | 1 x 48/batch x 64/model | -- | all-reduce on model | 96 B | 33.5 |
-| `blocks.*.attn2.norm_k:rms_norm#0` | weight (model) | 1 x 7 x 64/model | 1 x 7 x 64/model | -- | all-reduce on model | 28 B | 33.5 |
-| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4/model x 48/batch x 16<br>1 x 4/model x 7 x 16 | 1 x 4/model x 48/batch x 16 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 64/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
-| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 96/model | -- | -- | -- | 7.0 |
-| `blocks.*.ffn.net.2:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 96/model | 1 x 48/batch x 64 | -- | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 33.5 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 33.5 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | all-gather on batch<br>all-gather on batch | 1.5 KiB<br>1.5 KiB | 19.9 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | -- | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R)<br>64 (R, R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 33.5 |
+| `blocks.*.attn2.norm_k:rms_norm#0` | weight (R, S(0)) | 1 x 7 x 64 (R, S(2)) | 1 x 7 x 64 (R, S(2)) | -- | all-reduce on model | 28 B | 33.5 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1))<br>1 x 4 x 7 x 16 (R, S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | -- | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 96 (S(1), S(2)) | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.2:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 96 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | -- | all-reduce on model | 3.0 KiB | 34.0 |
 
 Block total: 333.7 us (compute 133.8 us + comm 199.9 us) x 2 blocks = 0.667 ms per forward.
 
@@ -117,7 +117,7 @@ def test_auto_plan_md_golden(auto_dir):
 | model | tiny -- 2 blocks, 48 tokens per forward |
 | mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
 | hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
-| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 113 variables, 49 constraints |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 380 variables, 97 constraints |
 | predicted per forward | 0.478 ms = compute 0.324 ms (68 %) + comm 0.154 ms (32 %), no overlap assumed |
 | roofline | 3.97 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0443 us, so compute is 7311.0x its FLOP bound (memory-bound ops and launch floors make up the rest) |
 | memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
@@ -137,31 +137,31 @@ def test_auto_plan_md_golden(auto_dir):
 
 ## One block, op by op (`blocks.*`, x2)
 
-State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); `+P(model)`: partial sums over `model`. us = predicted compute + collectives of the op, per block.
+State = global shape and layout, one placement per mesh axis (batch, model): `S(d)` split on dim d, `R` replicated, `P(sum)` partial sums (`[d: a>b]`: dim d split over a then b, against the mesh order). us = predicted compute + collectives of the op, per block.
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
-| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_q:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_k:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 7.0 |
-| `blocks.*.attn1.to_v:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 7.0 |
-| `blocks.*.attn1.norm_q:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.norm_k:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1:permute#1` | -- | 1 x 48/batch x 4 x 16 | 1 x 4 x 48 x 16 | `(-, -, -, -)` | all-gather on batch | 6.0 KiB | 6.6 |
-| `blocks.*.attn1:permute#2` | -- | 1 x 48/batch x 4 x 16 | 1 x 4 x 48 x 16 | `(-, -, -, -)` | all-gather on batch | 6.0 KiB | 6.6 |
-| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48/batch x 16<br>1 x 4 x 48 x 16 | 1 x 4 x 48/batch x 16 | -- | -- | -- | 7.0 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48/batch x 64<br>64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_q:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
-| `blocks.*.attn2.to_k:linear#0` | weight (batch, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | `(-, -, -)` | all-gather on batch | 896 B | 13.4 |
-| `blocks.*.attn2.to_v:linear#0` | weight (batch, -); bias (-) | 1 x 7 x 64 | 1 x 7 x 64 | `(-, -, -)` | all-gather on batch | 896 B | 13.4 |
-| `blocks.*.attn2.norm_q:rms_norm#0` | weight (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.norm_k:rms_norm#0` | weight (-) | 1 x 7 x 64 | 1 x 7 x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48/batch x 16<br>1 x 4 x 7 x 16 | 1 x 4 x 48/batch x 16 | -- | -- | -- | 7.0 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (batch, -); bias (-) | 1 x 48/batch x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | all-gather on batch | 8.0 KiB | 13.7 |
-| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48/batch x 64 | 1 x 48/batch x 64 | -- | -- | -- | 7.0 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (model, -); bias (model) | 1 x 48/batch x 64 | 1 x 48/batch x 96/model | `(-, batch, model)` | -- | -- | 7.0 |
-| `blocks.*.ffn.net.2:linear#0` | weight (-, model); bias (-) | 1 x 48/batch x 96/model | 1 x 48/batch x 64 | `(-, batch, -)` | all-reduce on model | 3.0 KiB | 34.0 |
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_q:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_k:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 7.0 |
+| `blocks.*.attn1.to_v:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 7.0 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | weight (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | weight (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1:permute#1` | -- | 1 x 48 x 4 x 16 (S(1), R) | 1 x 4 x 48 x 16 (R, R) | `(R, R)` | all-gather on batch | 6.0 KiB | 6.6 |
+| `blocks.*.attn1:permute#2` | -- | 1 x 48 x 4 x 16 (S(1), R) | 1 x 4 x 48 x 16 (R, R) | `(R, R)` | all-gather on batch | 6.0 KiB | 6.6 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), R)<br>1 x 4 x 48 x 16 (R, R) | 1 x 4 x 48 x 16 (S(2), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R)<br>64 (R, R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_q:linear#0` | weight (S(0), R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.attn2.to_k:linear#0` | weight (S(0), R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | `(R, R)` | all-gather on batch | 896 B | 13.4 |
+| `blocks.*.attn2.to_v:linear#0` | weight (S(0), R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | `(R, R)` | all-gather on batch | 896 B | 13.4 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.norm_k:rms_norm#0` | weight (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), R)<br>1 x 4 x 7 x 16 (R, R) | 1 x 4 x 48 x 16 (S(2), R) | -- | -- | -- | 7.0 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (S(0), R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-gather on batch | 8.0 KiB | 13.7 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 7.0 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 96 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 7.0 |
+| `blocks.*.ffn.net.2:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 96 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 34.0 |
 
 Block total: 200.4 us (compute 133.9 us + comm 66.5 us) x 2 blocks = 0.401 ms per forward.
 
@@ -181,11 +181,11 @@ Block total: 200.4 us (compute 133.9 us + comm 66.5 us) x 2 blocks = 0.401 ms pe
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
-| `rope:reshape#0` | -- | 3 x 4 x 4 x 16 | 1 x 48 x 1 x 16 | `(-, -, -, -)` | -- | -- | 0.0 |
-| `rope:reshape#1` | -- | 3 x 4 x 4 x 16 | 1 x 48 x 1 x 16 | `(-, -, -, -)` | -- | -- | 0.0 |
-| `:contiguous#0` | -- | 1 x 48 x 64 | 1 x 48/batch x 64 | `(-, batch, -)` | -- | -- | 0.0 |
-| `condition_embedder.time_embedder.linear_2:linear#0` | weight (-, batch); bias (-) | 1 x 64/batch | 1 x 64 | -- | all-reduce on batch | 128 B | 21.9 |
-| `proj_out:linear#0` | weight (-, -); bias (-) | 1 x 48/batch x 64 | 1 x 48 x 16 | `(-, -, -)` | all-gather on batch | 1.5 KiB | 13.4 |
+| `rope:reshape#0` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `rope:reshape#1` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 0.0 |
+| `condition_embedder.time_embedder.linear_2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 64 (S(1), R) | 1 x 64 (R, R) | -- | all-reduce on batch | 128 B | 21.9 |
+| `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 16 (R, R) | `(R, R)` | all-gather on batch | 1.5 KiB | 13.4 |
 
 Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 
@@ -207,34 +207,34 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 
 ### blocks.*.attn1 (x2): SP(batch)+KV-gather
 
-- **chosen** `SP(batch)+KV-gather`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
+- **chosen** `SP(batch)+KV-gather` (stream `(S(1), R)`, STATE A): the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
 - **best rejected** `SP(batch)+KV-gather+FSDP`: the best plan with it instead costs 0.480 ms per forward (+0.001 ms)
-- other options priced: `replicated` 0.142 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms
+- other options priced: `replicated` 0.142 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms, `head-TP(batch)` 0.232 ms, `head-TP(batch)+seq(batch)` 0.235 ms, `SP(model)+KV-gather+FSDP` 0.279 ms, `head-TP(batch)+SP(model)` 0.282 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.287 ms, `head-TP(model)` 0.302 ms, `head-TP(model)+seq(model)` 0.309 ms, `head-TP(model)+SP(batch)` 0.333 ms, `head-TP(batch)+hidden(batch)` 0.333 ms, `head-TP(model)+SP(batch)+seq(model)` 0.342 ms, `head-TP(batch)+SP(model)+FSDP` 0.366 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.371 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.379 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.383 ms, `head-TP(model)+SP(batch)+FSDP` 0.385 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.393 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.467 ms, `head-TP(model)+hidden(model)` 0.485 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.516 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.568 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
-- plan total 0.478 ms per forward (SP(batch)+KV-gather: 0.174 ms of it)
+- plan total 0.478 ms per forward (SP(batch)+KV-gather: 0.174 ms of it, x2)
 - next best: SP(batch)+KV-gather+FSDP, plan total 0.480 ms (+0.001 ms: this macro +0.054 ms, stream-layout edges +0.000 ms, other macros -0.053 ms (attn2 -> SP(batch)))
-- replicated is cheaper on its own (0.142 ms) but its best plan totals 0.500 ms: this macro -0.032 ms, stream-layout edges +0.021 ms, other macros +0.032 ms (attn2 -> SP(model)+FSDP, ffn -> SP(model)+FSDP, condition_embedder.time_embedder -> Megatron(model))
+- replicated is cheaper on its own (0.142 ms) but its best plan totals 0.500 ms: this macro -0.032 ms, stream-layout edges +0.021 ms, other macros +0.032 ms (attn2 -> SP(model)+FSDP, ffn -> SP(model)+FSDP, condition_embedder.time_embedder -> Megatron(model) to fit the memory budget)
 - collectives it implies (per call): all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#1`, all-gather on batch 6.0 KiB at `blocks.*.attn1:permute#2`
 
 ### blocks.*.attn2 (x2): SP(batch)+FSDP
 
-- **chosen** `SP(batch)+FSDP`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device (weights sharded for memory)
+- **chosen** `SP(batch)+FSDP` (stream `(S(1), R)`, STATE A): the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device (weights sharded for memory)
 - **best rejected** `SP(batch)`: the best plan with it instead costs 0.480 ms per forward (+0.001 ms)
-- other options priced: `SP(batchxmodel)` 0.112 ms, `SP(model)` 0.112 ms, `replicated` 0.113 ms, `SP(model)+FSDP` 0.196 ms
+- other options priced: `SP(batchxmodel)` 0.112 ms, `SP(model)` 0.112 ms, `replicated` 0.113 ms, `SP(model)+FSDP` 0.196 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.199 ms, `head-TP(batch)+seq(batch)` 0.200 ms, `head-TP(batch)+SP(model)` 0.202 ms, `head-TP(batch)` 0.203 ms, `SP(batchxmodel)+FSDP` 0.258 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.259 ms, `head-TP(batch)+hidden(batch)` 0.260 ms, `head-TP(model)+SP(batch)+seq(model)` 0.270 ms, `head-TP(model)+seq(model)` 0.271 ms, `head-TP(model)+SP(batch)` 0.273 ms, `head-TP(model)` 0.274 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.282 ms, `head-TP(batch)+SP(model)+FSDP` 0.285 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.321 ms, `head-TP(model)+SP(batch)+FSDP` 0.324 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.341 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.376 ms, `head-TP(model)+hidden(model)` 0.377 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.427 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
-- plan total 0.478 ms per forward (SP(batch)+FSDP: 0.165 ms of it)
+- plan total 0.478 ms per forward (SP(batch)+FSDP: 0.165 ms of it, x2)
 - next best: SP(batch), plan total 0.480 ms (+0.001 ms: this macro -0.053 ms, stream-layout edges +0.000 ms, other macros +0.054 ms (attn1 -> SP(batch)+KV-gather+FSDP to fit the memory budget))
-- SP(batchxmodel) is cheaper on its own (0.112 ms) but its best plan totals 0.506 ms: this macro -0.053 ms, stream-layout edges +0.021 ms, other macros +0.060 ms (attn1 -> SP(batch)+KV-gather+FSDP, ffn -> SP(batchxmodel)+FSDP, condition_embedder.time_embedder -> replicated)
+- SP(batchxmodel) is cheaper on its own (0.112 ms) but its best plan totals 0.490 ms: this macro -0.053 ms, stream-layout edges +0.021 ms, other macros +0.044 ms (attn1 -> head-TP(batch)+seq(batch), ffn -> Megatron(model)+SP(batch)+seq(model), condition_embedder.time_embedder -> replicated to fit the memory budget)
 - collectives it implies (per call): all-gather on batch 8.0 KiB at `blocks.*.attn2.to_q:linear#0`, all-gather on batch 896 B at `blocks.*.attn2.to_k:linear#0`, all-gather on batch 896 B at `blocks.*.attn2.to_v:linear#0`, all-gather on batch 8.0 KiB at `blocks.*.attn2.to_out.0:linear#0`
 
 ### blocks.*.ffn (x2): Megatron(model)+SP(batch)
 
-- **chosen** `Megatron(model)+SP(batch)`: the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
+- **chosen** `Megatron(model)+SP(batch)` (stream `(S(1), R)`, STATE A): the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
 - **best rejected** `Megatron(model)+SP(batch)+FSDP`: the best plan with it instead costs 0.490 ms per forward (+0.011 ms)
-- other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `SP(batch)+FSDP` 0.070 ms, `Megatron(batch)+SP(model)` 0.072 ms
-- plan total 0.478 ms per forward (Megatron(model)+SP(batch): 0.097 ms of it)
+- other options priced: `SP(batchxmodel)` 0.042 ms, `SP(model)` 0.042 ms, `SP(batch)` 0.043 ms, `replicated` 0.043 ms, `Megatron(batch)+SP(model)+seq(batch)` 0.070 ms, `SP(batch)+FSDP` 0.070 ms, `Megatron(batch)+seq(batch)` 0.071 ms, `Megatron(batch)+SP(model)` 0.072 ms, `Megatron(batch)` 0.074 ms, `SP(model)+FSDP` 0.086 ms, `Megatron(model)+SP(batch)+seq(model)` 0.094 ms, `Megatron(model)+seq(model)` 0.095 ms, `Megatron(model)` 0.098 ms, `Megatron(batch)+SP(model)+FSDP+seq(batch)` 0.112 ms, `Megatron(batch)+SP(model)+FSDP` 0.115 ms, `SP(batchxmodel)+FSDP` 0.117 ms, `Megatron(model)+SP(batch)+FSDP+seq(model)` 0.120 ms, `Megatron(batch)+SP(model)+hidden(batch)` 0.129 ms, `Megatron(batch)+hidden(batch)` 0.131 ms, `Megatron(batchxmodel)+seq(batchxmodel)` 0.142 ms, `Megatron(batchxmodel)` 0.145 ms, `Megatron(batch)+SP(model)+FSDP+hidden(batch)` 0.172 ms, `Megatron(model)+SP(batch)+hidden(model)` 0.200 ms, `Megatron(model)+hidden(model)` 0.201 ms, `Megatron(model)+SP(batch)+FSDP+hidden(model)` 0.226 ms, `Megatron(batchxmodel)+hidden(batchxmodel)` 0.341 ms
+- plan total 0.478 ms per forward (Megatron(model)+SP(batch): 0.097 ms of it, x2)
 - next best: Megatron(model)+SP(batch)+FSDP, plan total 0.490 ms (+0.011 ms: this macro +0.026 ms, stream-layout edges +0.000 ms, other macros -0.015 ms (condition_embedder.time_embedder -> replicated))
-- SP(batchxmodel) is cheaper on its own (0.042 ms) but its best plan totals 0.510 ms: this macro -0.054 ms, stream-layout edges +0.021 ms, other macros +0.065 ms (attn1 -> SP(batch)+KV-gather+FSDP, condition_embedder.time_embedder -> Megatron(model))
+- SP(batchxmodel) is cheaper on its own (0.042 ms) but its best plan totals 0.510 ms: this macro -0.054 ms, stream-layout edges +0.021 ms, other macros +0.065 ms (attn1 -> SP(batch)+KV-gather+FSDP, condition_embedder.time_embedder -> Megatron(model) to fit the memory budget)
 - collectives it implies (per call): all-reduce on model 3.0 KiB at `blocks.*.ffn.net.2:linear#0`
 
 ### condition_embedder.time_embedder: Megatron(batch)
@@ -295,7 +295,7 @@ def test_every_dump_validates_against_the_published_schema(hand_dir, auto_dir):
     "break_it, message",
     [
         (lambda d: d.pop("mesh"), r"\$: missing required field 'mesh'"),
-        (lambda d: d.update(schema_version=2), r"\$\.schema_version: expected 1, got 2"),
+        (lambda d: d.update(schema_version=1), r"\$\.schema_version: expected 2, got 1"),
         (
             lambda d: d["params"].update({"proj_out.weight": [None, 3]}),
             r"\$\.params\['proj_out\.weight'\]\[1\]: 3 matches none",

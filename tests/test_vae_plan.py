@@ -82,17 +82,58 @@ def test_memory_budget_forces_activations_apart(graph_8x8):
         plan_vae(graph_8x8, mesh, "wh-loudbox", memory_gb=1e-6)
 
 
-def test_uneven_spatial_split_is_excluded_with_a_reason_and_refused_when_forced():
+@pytest.fixture(scope="module")
+def graph_6x10():
+    return _graph((6, 10))
+
+
+def test_uneven_spatial_split_is_excluded_with_a_reason_and_refused_when_forced(graph_6x10):
     """Latent W = 10 on a 4-way axis: GSPMD gathers uneven conv halos (measured: all-gathers beside
     the permutes for pad + conv3d with W = 10 on 2x4), so the planner does not split W 4 ways."""
-    graph = _graph((6, 10))
+    graph = graph_6x10
     mesh = parse_mesh("2x4")
     plan = plan_vae(graph, mesh, "wh-loudbox", preset="spatial")
     for d in plan.decisions:
         assert "W:model" not in d.strategy and "W:batch+model" not in d.strategy, d.strategy
-    assert any("does not split evenly into" in d.note for d in plan.decisions)
+    assert any("does not split evenly into" in x.reason for d in plan.decisions for x in d.excluded)
     with pytest.raises(PlanError, match=r"10 x? ?.*does not split evenly|H x W = .* x 10"):
         plan_vae(graph, mesh, "wh-loudbox", preset="spatial", only={"*": r"\(H:-,W:model\)$"})
+
+
+def test_vae_decisions_carry_their_options_and_exclusions_into_every_view(graph_6x10):
+    """The VAE's decisions are the DiT's typed Decision: options priced per decode, exclusions with
+    reasons, the macros a shared group stands for; plan.md and explain show all of them."""
+    from wancompile.report.explain import explain
+    from wancompile.report.markdown import render_markdown
+    from wancompile.report.model import Report
+
+    plan = plan_vae(graph_6x10, parse_mesh("2x4"), "wh-loudbox")
+    shared = next(d for d in plan.decisions if d.count > 1)
+    assert len(shared.members) == shared.count and shared.macro in shared.members and not shared.in_block
+    assert all(d.unit == "decode" and d.option(d.strategy) is not None for d in plan.decisions)
+    uneven = next(d for d in plan.decisions if any("does not split evenly" in x.reason for x in d.excluded))
+    rep = Report(plan)
+    md = render_markdown(rep)
+    why = md[md.index(f"### {uneven.node}: {uneven.strategy}") :].split("\n### ")[0]
+    assert f"the best plan with it costs {uneven.cost * 1e3:.3f} ms per decode" in why
+    assert "- excluded: " + "; ".join(f"{x.option}: {x.reason}" for x in uneven.excluded) in why
+    rest = [o for o in uneven.options if o.name not in (uneven.strategy, uneven.rejected)]
+    if rest:
+        assert "- other options priced: " + ", ".join(f"`{o.name}` {o.seconds_own * 1e3:.3f} ms" for o in rest) in why
+    text = explain(rep, uneven.macro)
+    assert text.splitlines()[0] == f"{uneven.node}: {uneven.strategy}"
+    assert f"  stream: {uneven.stream}" in text and uneven.stream.startswith("(")
+    assert (
+        "  options priced (ms per decode): "
+        + ", ".join(
+            f"{o.name}={o.seconds_own * 1e3:.3f}" + (" *" if o.name == uneven.strategy else "") for o in uneven.options
+        )
+        in text
+    )
+    for x in uneven.excluded:
+        assert f"  excluded: {x.option}: {x.reason}" in text
+    member = explain(rep, shared.members[-1] + ".conv1")  # a module of another member: the shared decision
+    assert f"decided by {shared.node}: {shared.strategy}" in member
 
 
 def test_unknown_preset():

@@ -7,23 +7,25 @@ collective-permute appears with its per-device shape and its replica groups (exp
 groups back to mesh axes: the axes along which the devices of a group differ.
 
 Bytes are per device and per call: the result shape for all-gather, the operand (= result) for
-all-reduce, all-to-all and collective-permute, the operand for reduce-scatter.
+all-reduce, all-to-all and collective-permute, the operand for reduce-scatter. An all-reduce whose
+users only keep this device's slice is read as the reduce-scatter it is (`scattered_all_reduces`).
+Each instruction is read into the planner's own `planner.collective.Collective` (count 1, ``where`` =
+the instruction's name, with the HLO ``shape`` text and replica ``groups``), so predicted and
+compiled collectives are one type.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
 import numpy as np
 
+from planner.collective import KINDS, Collective
 from planner.graph import DTYPE_BYTES
 from planner.mesh import MeshSpec
-
-KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 _HLO_DTYPE = {
     "f32": "float32",
@@ -44,16 +46,6 @@ _INSTR = re.compile(
     + r")(?:-start)?\((?P<operands>[^)]*)\)(?P<rest>.*)$"
 )
 _ARRAY = re.compile(r"(?P<dtype>[a-z]+\d*)\[(?P<dims>[\d,]*)\]")
-
-
-@dataclass(frozen=True)
-class HloCollective:
-    kind: str
-    axes: tuple[str, ...]
-    bytes: int
-    shape: str
-    groups: tuple[tuple[int, ...], ...]
-    name: str
 
 
 def _shape_bytes(shape: str) -> int:
@@ -95,21 +87,84 @@ def group_axes(groups: Sequence[Sequence[int]], mesh: MeshSpec) -> tuple[str, ..
     return tuple(mesh.axis_names[a] for a in sorted(varying))
 
 
-def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[HloCollective]:
-    out = []
+_DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<op>[\w\-]+)\((?P<operands>[^)]*)\)")
+
+
+def _numel(shape: str) -> int:
+    return sum(math.prod(int(d) for d in m.group("dims").split(",") if d) for m in _ARRAY.finditer(shape))
+
+
+def _kept_slice(kept: int, group: int, whole: int) -> bool:
+    """A user's result is at most one group member's share of the all-reduce (it may slice further,
+    e.g. onto the next macro's finer token split, in the same fusion)."""
+    return 0 < kept * group <= whole and whole % (kept * group) == 0
+
+
+def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]:
+    """All-reduces whose every user keeps only this device's slice of the result: each user is a
+    dynamic-slice (or a fusion holding one) and at most 1/group-size of the all-reduce's size.
+    That pair is a reduce-scatter that the XLA CPU pipeline leaves unfused (XLA's GPU
+    ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it), so it is read as one."""
+    users: dict[str, list[tuple[str, str]]] = {name: [] for name in group_size}
+    sizes: dict[str, int] = {}
+    bodies: dict[str, list[str]] = {}
+    current: list[str] = []
     for line in hlo_text.splitlines():
-        m = _INSTR.match(line)
+        head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
+        if head:
+            current = bodies.setdefault(head.group(1), [])
+        current.append(line)
+        m = _DEF.match(line)
         if not m:
             continue
-        kind, rest = m.group("kind"), m.group("rest")
-        groups = parse_replica_groups(rest) or ()
-        if kind == "all-reduce" or kind == "all-gather" or kind == "all-to-all" or kind == "collective-permute":
+        sizes[m.group("name")] = _numel(m.group("shape"))
+        for o in re.findall(r"%([\w.\-]+)", m.group("operands")):
+            if o in users:
+                users[o].append((m.group("shape"), line))
+    slices = {name for name, body in bodies.items() if any(" dynamic-slice(" in b for b in body)}
+
+    def slicing(line: str) -> bool:
+        called = re.search(r"calls=%([\w.\-]+)", line)
+        return " dynamic-slice(" in line or (called is not None and called.group(1) in slices)
+
+    return {
+        name
+        for name, uses in users.items()
+        if uses
+        and all(
+            slicing(line) and _kept_slice(_numel(shape), group_size[name], sizes.get(name, 0)) for shape, line in uses
+        )
+    }
+
+
+def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[Collective]:
+    """Every collective instruction of one HLO module, in program order."""
+    found = []
+    for line in hlo_text.splitlines():
+        m = _INSTR.match(line)
+        if m:
+            found.append((m, parse_replica_groups(m.group("rest")) or ()))
+    scattered = scattered_all_reduces(
+        hlo_text,
+        {m.group("name"): len(g[0]) for m, g in found if m.group("kind") == "all-reduce" and g and len(g[0]) > 1},
+    )
+    out = []
+    for m, groups in found:
+        kind = "reduce-scatter" if m.group("name") in scattered else m.group("kind")
+        if kind != "reduce-scatter" or m.group("kind") == "all-reduce":
             nbytes = _shape_bytes(m.group("shape"))
         else:  # reduce-scatter: bytes of the (un-scattered) operand
             nbytes = _shape_bytes(m.group("shape")) * (len(groups[0]) if groups else 1)
         axes = group_axes(groups, mesh) if groups else tuple(mesh.axis_names)
         out.append(
-            HloCollective(kind, axes, nbytes, m.group("shape").strip(), tuple(map(tuple, groups)), m.group("name"))
+            Collective(
+                kind,
+                axes,
+                nbytes,
+                where=m.group("name"),
+                shape=m.group("shape").strip(),
+                groups=tuple(map(tuple, groups)),
+            )
         )
     return out
 

@@ -144,6 +144,8 @@ def placeholder_args(graph: Graph, module: torch.nn.Module, inputs: Mapping[str,
 
 @dataclass(frozen=True)
 class CollectiveMatch:
+    """One row of the comparison: a (kind, axes) pair with the predicted and compiled calls and total bytes."""
+
     kind: str
     axes: tuple[str, ...]
     predicted_count: int
@@ -167,15 +169,13 @@ class CollectiveMatch:
         )
 
 
-def compare_collectives(predicted: Iterable[Collective], observed: Iterable[Any]) -> list[CollectiveMatch]:
-    """Per (kind, axes): predicted vs compiled counts and total bytes (bytes × count)."""
+def compare_collectives(predicted: Iterable[Collective], observed: Iterable[Collective]) -> list[CollectiveMatch]:
+    """Per (kind, axes): predicted vs compiled counts and total bytes (bytes × count), both sides
+    `Collective`s (the plan's, and `wancompile.hlo.parse_collectives`' one per instruction)."""
     table: dict[tuple[str, tuple[str, ...]], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    for c in predicted:
-        row = table[(c.kind, tuple(c.axes))]
-        row[0] += c.count
-        row[2] += c.bytes * c.count
-    for c in observed:
-        row = table[(c.kind, tuple(c.axes))]
-        row[1] += 1
-        row[3] += c.bytes
+    for side, cs in ((0, predicted), (1, observed)):
+        for c in cs:
+            row = table[(c.kind, tuple(c.axes))]
+            row[side] += c.count
+            row[side + 2] += c.bytes * c.count
     return [CollectiveMatch(k, a, *v) for (k, a), v in sorted(table.items())]

@@ -30,7 +30,11 @@ from planner.placements import Dim, Guard, Layout, local_shape, numel
 @dataclass(frozen=True)
 class InOpComm:
     """A collective the op itself runs, on a tensor of per-device ``shape`` (HLO byte convention:
-    result for all-gather, operand for all-reduce / reduce-scatter / all-to-all)."""
+    result for all-gather, operand for all-reduce / reduce-scatter / all-to-all).
+
+    Not a `planner.collective.Collective`: it is the rule's request, stated as a (possibly symbolic)
+    per-device shape and an item size, before the example sizes that turn it into bytes and the cost
+    model that prices it are applied; `planner.propagate.evaluate` makes the `Collective` from it."""
 
     kind: str
     axes: tuple[str, ...]
@@ -60,6 +64,7 @@ class OpView:
     in_metas: list[Optional[TensorMeta]]
     mesh: MeshSpec
     guards: list[Guard] = field(default_factory=list)
+    wanted: Optional[Layout] = None  # the layout the plan constrains the output to, if any
 
     # --- arguments --------------------------------------------------------------------------------
 

@@ -5,11 +5,15 @@ Einsum ``...k, nk -> ...n``. Per mesh axis (one-axis table):
 - ``S(batch), R -> S(batch)``: rows split, weight replicated (sequence parallel);
 - ``R, S(0) -> S(-1)``: column parallel (Megatron's first half), output features split;
 - ``S(-1), S(1) -> P -> R``: row parallel (contraction split); the partial sums are all-reduced
-  right after the product, before the bias (the bias is added once);
+  right after the product, before the bias (the bias is added once); ``-> P -> S(d)`` when the
+  plan constrains the output split over those axes: a reduce-scatter (Megatron-LM's sequence
+  parallelism onto the tokens, tt-metal's hidden-split stream onto the features);
 - an axis the weight is split on that also splits x's rows (FSDP: weights sharded over the
   sequence axes for memory) must be gathered on the weight first: an all-gather of the weight.
 
-x's last dim is sliced locally (free) or gathered to match the weight's contraction split.
+x's last dim is sliced locally (free) or gathered to match the weight's contraction split; an x split
+on K over axes the weight does not use (a hidden-split stream entering a replicated projection) is
+met by slicing the weight instead, the output then reduced — what GSPMD does rather than gather x.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ def _linear(op: OpView, x: int, w: int, b: int | None, w_nk: bool) -> RuleResult
     batch_axes = {a for dims in xl.dims[:-1] for a in dims}
     n_axes = tuple(a for a in wl.dims[n_dim] if a not in batch_axes)
     k_axes = tuple(a for a in wl.dims[k_dim] if a not in batch_axes)
+    if not k_axes and not set(xl.dims[-1]) & (set(wl.axes) | batch_axes):
+        k_axes = tuple(xl.dims[-1])  # x split on K, the weight whole there: slice the weight to match (free)
     w_req = [()] * 2
     w_req[n_dim], w_req[k_dim] = n_axes, k_axes
     x_req = Layout(xl.dims[:-1] + (k_axes,))
@@ -37,8 +43,15 @@ def _linear(op: OpView, x: int, w: int, b: int | None, w_nk: bool) -> RuleResult
     k = op.shape(w)[k_dim]
     k_local = k / shard_count(op.mesh, k_axes) if k_axes else k
     comm = ()
-    if k_axes:
-        comm = (InOpComm("all-reduce", k_axes, out_local, op.out.itemsize, "row-parallel partial sums"),)
+    # partial sums the output constraint splits onto a dim stay partial here: the constraint's
+    # redistribution reduce-scatters them (`planner.propagate.redistribute`); the rest are all-reduced
+    wanted = op.wanted.axes if op.wanted is not None else ()
+    scattered = tuple(a for a in k_axes if a in wanted)
+    reduced = tuple(a for a in k_axes if a not in scattered)
+    if reduced:
+        comm = (InOpComm("all-reduce", reduced, out_local, op.out.itemsize, "row-parallel partial sums"),)
+    if scattered:
+        out = Layout(out.dims, scattered)
     flops = 2 * numel(out_local) * k_local
     nbytes = (
         op.local_bytes(op.in_metas[x], x_req)

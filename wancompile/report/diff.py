@@ -9,11 +9,10 @@ names folded to ``blocks.*``).
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 
-from planner.mesh import format_spec
 from wancompile.report.model import Report, human_bytes
+from wancompile.report.trace import generic
 
 
 def _delta(a: float, b: float, scale: float = 1e3, unit: str = "ms") -> str:
@@ -60,11 +59,9 @@ def diff(a: Report, b: Report) -> str:
         f"  comm     {_delta(qa.comm_seconds, qb.comm_seconds)}",
         f"  memory   {_delta(qa.memory_bytes_per_device, qb.memory_bytes_per_device, 1e-9, 'GB')} per device",
     ]
-    da = {v.where: v.decision for v in a.decisions()}
-    db = {v.where: v.decision for v in b.decisions()}
-    keys = list(dict.fromkeys([*map(_dkey, da), *map(_dkey, db)]))
-    ga = {_dkey(k): v for k, v in da.items()}
-    gb = {_dkey(k): v for k, v in db.items()}
+    ga = {d.scope: d for d in a.decisions()}
+    gb = {d.scope: d for d in b.decisions()}
+    keys = list(dict.fromkeys([*ga, *gb]))
     changed = [
         (k, ga.get(k), gb.get(k)) for k in keys if (ga.get(k) and ga[k].strategy) != (gb.get(k) and gb[k].strategy)
     ]
@@ -102,7 +99,7 @@ def diff(a: Report, b: Report) -> str:
         )
     lines.append(f"  {len(diffs)} changed of {len(set(fold_a) & set(fold_b))}")
     for k in diffs:
-        lines.append(f"  {k}: {_specs(fold_a[k])} -> {_specs(fold_b[k])}")
+        lines.append(f"  {k}: {_specs(a, fold_a[k])} -> {_specs(b, fold_b[k])}")
     return "\n".join(lines)
 
 
@@ -115,16 +112,12 @@ def _axes(rep: Report, axes: tuple[str, ...]) -> str:
     return f"{'×'.join(axes)} ({n}-way)"
 
 
-def _dkey(where: str) -> str:
-    return re.sub(r"\s*\(x\d+\)$", "", where)
-
-
 def _fold(params) -> dict[str, frozenset]:
     out: dict[str, set] = defaultdict(set)
     for name, spec in params.items():
-        out[re.sub(r"^blocks\.\d+\.", "blocks.*.", name)].add(tuple(spec))
+        out[generic(name)].add(tuple(spec))
     return {k: frozenset(v) for k, v in out.items()}
 
 
-def _specs(specs: frozenset) -> str:
-    return " | ".join(sorted(format_spec(s) for s in specs))
+def _specs(rep: Report, specs: frozenset) -> str:
+    return " | ".join(sorted(rep.spec(s) for s in specs))

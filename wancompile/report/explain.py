@@ -11,24 +11,13 @@ from __future__ import annotations
 
 import re
 
-from planner.mesh import format_spec
-from planner.plan import PlanError
-from wancompile.report.model import DecisionView, Report, human_bytes, ms, us
+from planner.plan import Decision, PlanError
+from wancompile.report.model import Report, decision_account, human_bytes, ms, us, weights_text
+from wancompile.report.trace import generic
 
 
 def _generic(s: str) -> str:
-    return re.sub(r"^blocks\.\d+", "blocks.*", s.strip())
-
-
-def _decision_for(rep: Report, module: str) -> DecisionView | None:
-    """The decision whose macro contains `module` (``blocks.*.attn1.to_q`` -> ``attn1``)."""
-    rel = re.sub(r"^blocks\.\*\.", "", module)
-    best = None
-    for v in rep.decisions():
-        if rel == v.key or rel.startswith(v.key + ".") or module == v.key or module.startswith(v.key + "."):
-            if best is None or len(v.key) > len(best.key):
-                best = v
-    return best
+    return generic(s.strip())
 
 
 def explain(rep: Report, what: str) -> str:
@@ -45,10 +34,9 @@ def explain(rep: Report, what: str) -> str:
 
     if g.replace("_", "-") in ("cfg", "cfg-parallel") and plan.cfg_parallel is not None:
         return _explain_cfg(plan.cfg_parallel)
-    views = {v.key: v for v in rep.decisions()}
-    key = re.sub(r"^blocks\.\*\.", "", re.sub(r"\s*\(x\d+\)$", "", g))
-    if key in views:
-        return _explain_decision(rep, views[key])
+    d = rep.decision(g)
+    if d is not None:
+        return _explain_decision(rep, d)
 
     params = [p for p in plan.params if _generic(p) == g]
     if params:
@@ -56,9 +44,10 @@ def explain(rep: Report, what: str) -> str:
         spec = plan.params[name]
         n = len(params) if g.startswith("blocks.*") else 1
         lines.append(f"parameter {g}" + (f" (same spec in all {rep.num_blocks} blocks)" if n > 1 else ""))
-        info = (rep.trace or {}).get("params", {}).get(re.sub(r"^blocks\.\*", "blocks.0", g))
+        known = (rep.trace or {}).get("params", {})
+        info = next((known[p] for p in params if p in known), None)  # block 0 stands for all blocks
         sharded = any(e is not None for e in spec)
-        lines.append(f"  spec: {format_spec(spec)}" + ("  (replicated)" if not sharded else ""))
+        lines.append(f"  spec: {rep.spec(spec)}" + ("  (replicated)" if not sharded else ""))
         if info:
             shape = info["shape"]
             local = [
@@ -66,12 +55,14 @@ def explain(rep: Report, what: str) -> str:
                 for d, e in zip(shape, spec)
             ]
             lines.append(f"  shape: {tuple(shape)} {info['dtype']}; per device {tuple(local)}")
-        users = [r for r in rep.rows() if r["module"] == g.rsplit(".", 1)[0] and r["weight"]]
+        users = [r for r in rep.rows() if r["module"] == g.rsplit(".", 1)[0] and r["weights"]]
         for r in users:
-            lines.append(f"  used by {r['loc']}: {r['in'][0] if r['in'] else ''} -> {r['out']}" + _coll(r))
-        v = _decision_for(rep, g.rsplit(".", 1)[0])
-        if v:
-            lines.append(f"  decided by {v.where}: {v.decision.strategy} (see `wancompile explain PLAN {v.key}`)")
+            lines.append(
+                f"  used by {r['loc']}: {rep.state(r['in'][0]) if r['in'] else ''} -> {rep.state(r['out'])}" + _coll(r)
+            )
+        d = rep.decision_for(g.rsplit(".", 1)[0])
+        if d:
+            lines.append(f"  decided by {d.node}: {d.strategy} (see `wancompile explain PLAN {d.macro}`)")
         return "\n".join(lines)
 
     rows = [r for r in rep.rows() if r["loc"] == g] or [r for r in rep.rows() if r["module"] == g]
@@ -80,26 +71,27 @@ def explain(rep: Report, what: str) -> str:
         lines.append(f"{'op' if ':' in g else 'module'} {g}")
         for r in rows:
             lines.append(
-                f"  {r['loc']}: {', '.join(dict.fromkeys(r['in'])) or '-'} -> {r['out']}"
-                + (f"; weights {r['weight']}" if r["weight"] else "")
+                f"  {r['loc']}: {', '.join(dict.fromkeys(rep.state(x) for x in r['in'])) or '-'} -> {rep.state(r['out'])}"
+                + (f"; weights {rep.weights(r)}" if r["weights"] else "")
                 + f"; {us(r['compute_s'] + sum(c['seconds'] for c in r['collectives']))} µs"
                 + _coll(r)
             )
         for a in acts[:1]:
             lines.append(
-                f"  constraint at {_generic(str(a.location))}: {format_spec(a.spec)}"
+                f"  constraint at {_generic(str(a.location))}: {rep.spec(a.spec)}"
                 + (f" ({len(acts)} sites)" if len(acts) > 1 else "")
                 + (f" — {a.reason}" if a.reason else "")
             )
-        v = _decision_for(rep, rows[0]["module"] if rows else _generic(acts[0].location.module))
-        if v:
-            lines.append(f"  decided by {v.where}: {v.decision.strategy} (see `wancompile explain PLAN {v.key}`)")
+        d = rep.decision_for(rows[0]["module"] if rows else _generic(acts[0].location.module))
+        if d:
+            lines.append(f"  decided by {d.node}: {d.strategy} (see `wancompile explain PLAN {d.macro}`)")
         if not rows and rep.trace is None:
             lines.append("  (plan.json has no per-op trace; `wancompile plan` writes one)")
         return "\n".join(lines)
 
-    near = sorted({v.key for v in views.values()} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
-    close = [x for x in near if key.split(".")[-1] in x][:8] or near[:8]
+    near = sorted({d.macro for d in plan.decisions} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
+    last = g.split(" ")[0].split(".")[-1]
+    close = [x for x in near if last in x][:8] or near[:8]
     raise PlanError(
         f"no such decision, parameter, module or op: plan {rep.source or ''} has none named {what!r}; "
         f"try one of: {', '.join(close)}"
@@ -136,13 +128,16 @@ def _coll(r: dict) -> str:
     )
 
 
-def _explain_decision(rep: Report, v: DecisionView) -> str:
-    d = v.decision
+def _explain_decision(rep: Report, d: Decision) -> str:
+    unit = d.unit
+    memory = weights_text(d)
     lines = [
-        f"{v.where}: {d.strategy}",
-        f"  cost: the best plan with it, {ms(d.cost)} ms per forward" + (f"; {v.memory}" if v.memory else ""),
+        f"{d.node}: {d.strategy}",
+        f"  cost: the best plan with it, {ms(d.cost)} ms per {unit}" + (f"; {memory}" if memory else ""),
     ]
-    rows = [r for r in rep.rows() if r["group"] == v.key]
+    if d.stream:
+        lines.append(f"  stream: {d.stream}" + (f" ({d.state})" if d.state else ""))
+    rows = [r for r in rep.rows() if r["group"] == d.macro]
     colls = [(r, c) for r in rows for c in r["collectives"]]
     if colls:
         lines.append("  collectives per call:")
@@ -156,29 +151,28 @@ def _explain_decision(rep: Report, v: DecisionView) -> str:
         comp = sum(r["compute_s"] for r in rows)
         comm = sum(c["seconds"] for _, c in colls)
         lines.append(f"  per call: compute {us(comp)} µs + collectives {us(comm)} µs")
-    cons = [
-        a
-        for a in rep.plan.activations
-        if _generic(a.location.module).startswith(("blocks.*." + v.key, v.key)) and a.location.module
-    ]
+    scopes = (d.scope, *d.members)
     seen = set()
-    for a in cons:
+    for a in rep.plan.activations:
         k = _generic(str(a.location))
-        if k not in seen:
+        module = _generic(a.location.module)
+        if a.location.module and any(module == s or module.startswith(s + ".") for s in scopes) and k not in seen:
             seen.add(k)
-            lines.append(f"  constraint {k} -> {format_spec(a.spec)}" + (f" ({a.reason})" if a.reason else ""))
+            lines.append(f"  constraint {k} -> {rep.spec(a.spec)}" + (f" ({a.reason})" if a.reason else ""))
     if d.rejected:
         lines.append(
-            f"  best rejected: {d.rejected}, the best plan with it instead {ms(d.rejected_cost)} ms per forward"
-            + (f" ({v.plan_delta_ms:+.3f} ms)" if v.plan_delta_ms is not None else "")
+            f"  best rejected: {d.rejected}, the best plan with it instead {ms(d.rejected_cost)} ms per {unit}"
+            + (f" ({d.margin * 1e3:+.3f} ms)" if d.margin is not None else "")
         )
-    if v.options:
+    if d.options:
         lines.append(
-            "  options priced (ms per forward): "
-            + ", ".join(f"{n}={t:.3f}" + (" *" if n == d.strategy else "") for n, t in v.options)
+            f"  options priced (ms per {unit}): "
+            + ", ".join(
+                f"{o.name}={o.seconds_own * 1e3:.3f}" + (" *" if o.name == d.strategy else "") for o in d.options
+            )
         )
-    for x in v.excluded:
-        lines.append(f"  excluded: {x}")
-    for x in v.other:
+    for x in d.excluded:
+        lines.append(f"  excluded: {x.option}: {x.reason}")
+    for x in decision_account(d):
         lines.append(f"  note: {x}")
     return "\n".join(lines)

@@ -284,7 +284,7 @@ def export_python(rep: Report) -> str:
         else:  # not shared by every block: list per block
             for i, spec in per.items():
                 extra[f"blocks.{i}.{inner}"] = spec
-    groups = {v.key: v.decision.strategy for v in rep.decisions()}
+    groups = {d.macro: d.strategy for d in rep.decisions()}
 
     def lines(specs: dict, indent: str = "    ") -> str:
         out, last = [], None

@@ -2,7 +2,8 @@
 
 - a dataflow diagram (inline SVG) of one block: every kernel and every op that moves data or
   carries a constraint, top to bottom in program order, filled with the colour of its output's
-  sharding state (legend: the state's per-dim mesh axes; the block-entry stream state is named),
+  sharding state (legend: the layout in the one notation, `planner.placements`; the block-entry
+  stream state is named),
   with each collective as a badge beside the op (kind, axes, bytes; big ones dark);
 - cost bars (inline SVG): compute vs communication per sub-layer of a block, and per segment of the
   forward (prologue, N × block, epilogue);
@@ -37,15 +38,6 @@ details { margin: 12px 0; } summary { cursor: pointer; font-weight: 600; }
 """
 
 
-def _pattern(state: str) -> str:
-    """``1 × 48/batch × 64/model +P(model)`` -> ``[-, batch, model] +P(model)``: the state without sizes."""
-    if not state:
-        return "—"
-    main, _, partial = state.partition(" +")
-    dims = ["-" if "/" not in d else d.split("/", 1)[1] for d in main.split(" × ")]
-    return "[" + ", ".join(dims) + "]" + (f" +{partial}" if partial else "")
-
-
 def _esc(s: object) -> str:
     return html.escape(str(s), quote=True)
 
@@ -55,11 +47,10 @@ def dataflow_svg(rep: Report) -> str:
     if not rows:
         return ""
     first = next((r for r in rows if r["op"] == "layer_norm" and r["in"]), rows[0])  # norm1 reads the block's input
-    entry = first["in"][0] if first["in"] else ""
-    stream = _pattern(entry)
+    stream = rep.layout(first["in"][0]) if first["in"] else "—"
     states: list[str] = []
     for r in rows:
-        p = _pattern(r["out"])
+        p = rep.layout(r["out"]) or "—"
         if p not in states:
             states.append(p)
     if stream in states:
@@ -87,18 +78,18 @@ def dataflow_svg(rep: Report) -> str:
             if prev_group is not None:
                 spans.append((prev_group, group_start, y - gap))
             prev_group, group_start = r["group"], y
-        fill = color[_pattern(r["out"])]
-        stroke = "#222" if r["constraint"] else "#999"
+        fill = color[rep.layout(r["out"]) or "—"]
+        stroke = "#222" if r["constraint"] is not None else "#999"
         dash = "" if r["constraint"] else ""
         out.append(
             f'<rect x="{box_x}" y="{y}" width="{box_w}" height="{box_h}" rx="5" fill="{fill}" stroke="{stroke}" '
-            f'stroke-width="{2 if r["constraint"] else 1}"{dash}><title>{_esc(r["loc"])}: {_esc(r["out"])}</title></rect>'
+            f'stroke-width="{2 if r["constraint"] is not None else 1}"{dash}><title>{_esc(r["loc"])}: {_esc(rep.state(r["out"]))}</title></rect>'
         )
-        label = re.sub(r"^blocks\.\*\.?", "", r["loc"]).replace(":", " : ")
+        label = r["loc"].removeprefix("blocks.*").removeprefix(".").replace(":", " : ")
         out.append(f'<text x="{box_x + 8}" y="{y + 13}" font-size="11.5">{_esc(label)}</text>')
         out.append(
-            f'<text x="{box_x + 8}" y="{y + 25}" font-size="10.5" fill="#444">→ {_esc(r["out"])}'
-            + (f"  ⟂ {_esc(r['constraint'])}" if r["constraint"] else "")
+            f'<text x="{box_x + 8}" y="{y + 25}" font-size="10.5" fill="#444">→ {_esc(rep.state(r["out"]))}'
+            + (f"  ⟂ {_esc(rep.spec(r['constraint']))}" if r["constraint"] is not None else "")
             + "</text>"
         )
         if i + 1 < len(rows):
@@ -132,7 +123,7 @@ def dataflow_svg(rep: Report) -> str:
         )
     y += 8
     out.append(
-        f'<text x="{box_x}" y="{y + 4}" font-size="12" font-weight="bold">sharding state of the op output (per-dim mesh axes); thick border = activation constraint</text>'
+        f'<text x="{box_x}" y="{y + 4}" font-size="12" font-weight="bold">layout of the op output, one placement per mesh axis ({_esc(", ".join(rep.plan.mesh.axis_names))}); thick border = activation constraint</text>'
     )
     for p in states:
         y += 22
@@ -251,9 +242,11 @@ def _trace_table(rep: Report) -> str:
             _esc(f"{c['kind']} on {'+'.join(c['axes'])} {human_bytes(c['bytes'])}") for c in r["collectives"]
         )
         t = r["compute_s"] + sum(c["seconds"] for c in r["collectives"])
+        constraint = rep.spec(r["constraint"]) if r["constraint"] is not None else ""
         out.append(
-            f"<tr><td><code>{_esc(r['loc'])}</code></td><td>{_esc(r['weight'])}</td><td>{'<br>'.join(map(_esc, r['in']))}</td>"
-            f"<td>{_esc(r['out'])}</td><td>{_esc(r['constraint'])}</td><td>{coll}</td><td>{us(t)}</td></tr>"
+            f"<tr><td><code>{_esc(r['loc'])}</code></td><td>{_esc(rep.weights(r))}</td>"
+            f"<td>{'<br>'.join(_esc(rep.state(x)) for x in r['in'])}</td>"
+            f"<td>{_esc(rep.state(r['out']))}</td><td>{_esc(constraint)}</td><td>{coll}</td><td>{us(t)}</td></tr>"
         )
     out.append("</tbody></table></details>")
     return "\n".join(out)

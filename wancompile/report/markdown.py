@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from wancompile.report.model import Report, human_bytes, human_flops, ms, us
+from wancompile.report.model import Report, decision_account, human_bytes, human_flops, ms, us, weights_text
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -106,19 +106,20 @@ def render_markdown(rep: Report) -> str:
 
     views = rep.decisions()
     if views:
+        unit = views[-1].unit
         lines += ["", "## Decisions", ""]
         lines += _table(
-            ("where", "chosen", "plan with it, ms/forward", "best rejected", "best plan without it", "Δ"),
+            ("where", "chosen", f"plan with it, ms/{unit}", "best rejected", "best plan without it", "Δ"),
             (
                 (
-                    v.where,
-                    f"**{v.decision.strategy}**",
-                    ms(v.decision.cost),
-                    v.decision.rejected or "—",
-                    ms(v.decision.rejected_cost),
-                    f"{v.plan_delta_ms:+.3f} ms" if v.plan_delta_ms is not None else "—",
+                    d.node,
+                    f"**{d.strategy}**",
+                    ms(d.cost),
+                    d.rejected or "—",
+                    ms(d.rejected_cost),
+                    f"{d.margin * 1e3:+.3f} ms" if d.margin is not None else "—",
                 )
-                for v in views
+                for d in views
             ),
         )
 
@@ -127,11 +128,13 @@ def render_markdown(rep: Report) -> str:
             "",
             f"## One block, op by op (`blocks.*`, ×{n})",
             "",
-            "State = per-tensor shape with the mesh axes splitting each dim (`48/batch`: 48 split over `batch`); "
-            "`+P(model)`: partial sums over `model`. µs = predicted compute + collectives of the op, per block.",
+            "State = global shape and layout, one placement per mesh axis "
+            f"({', '.join(p.mesh.axis_names)}): `S(d)` split on dim d, `R` replicated, `P(sum)` partial sums "
+            "(`[d: a>b]`: dim d split over a then b, against the mesh order). µs = predicted compute + collectives "
+            "of the op, per block.",
             "",
         ]
-        lines += _op_table(rep.table_rows("block"))
+        lines += _op_table(rep, rep.table_rows("block"))
         seg = {s: (t, c, m) for s, t, c, m in rep.segment_costs()}
         t, c, m = seg["block"]
         lines += [
@@ -158,7 +161,7 @@ def render_markdown(rep: Report) -> str:
         once = [r for r in rep.rows("prologue") + rep.rows("epilogue") if r["collectives"] or r["constraint"]]
         if once:
             lines += ["", "## Once per forward (before and after the block stack)", ""]
-            lines += _op_table(once)
+            lines += _op_table(rep, once)
             pc, pm = seg["prologue"][1:], seg["epilogue"][1:]
             lines += ["", f"Prologue {us(sum(pc))} µs, epilogue {us(sum(pm))} µs (compute + comm)."]
 
@@ -236,7 +239,7 @@ def cfg_lines(c) -> list[str]:
     return out
 
 
-def _op_table(rows: list[dict]) -> list[str]:
+def _op_table(rep: Report, rows: list[dict]) -> list[str]:
     def coll(r: dict) -> str:
         return "<br>".join(f"{c['kind']} on {'+'.join(c['axes'])}" for c in r["collectives"]) or "—"
 
@@ -244,17 +247,17 @@ def _op_table(rows: list[dict]) -> list[str]:
         return "<br>".join(human_bytes(c["bytes"]) for c in r["collectives"]) or "—"
 
     def state_in(r: dict) -> str:
-        return "<br>".join(dict.fromkeys(r["in"])) or "—"
+        return "<br>".join(dict.fromkeys(rep.state(x) for x in r["in"])) or "—"
 
     return _table(
         ("op", "weights", "state in", "state out", "constraint", "collective", "bytes", "µs"),
         (
             (
                 f"`{r['loc']}`",
-                r["weight"] or "—",
+                rep.weights(r) or "—",
                 state_in(r),
-                r["out"],
-                f"`{r['constraint']}`" if r["constraint"] else "—",
+                rep.state(r["out"]),
+                f"`{rep.spec(r['constraint'])}`" if r["constraint"] is not None else "—",
                 coll(r),
                 nbytes(r),
                 us(r["compute_s"] + sum(c["seconds"] for c in r["collectives"])),
@@ -264,26 +267,29 @@ def _op_table(rows: list[dict]) -> list[str]:
     )
 
 
-def _why(rep: Report, v) -> list[str]:
-    d = v.decision
-    out = [f"### {v.where}: {d.strategy}", ""]
+def _why(rep: Report, d) -> list[str]:
+    unit = d.unit
+    out = [f"### {d.node}: {d.strategy}", ""]
+    memory = weights_text(d)
     out.append(
-        f"- **chosen** `{d.strategy}`: the best plan with it costs {ms(d.cost)} ms per forward"
-        + (f"; {v.memory}" if v.memory else "")
+        f"- **chosen** `{d.strategy}`"
+        + (f" (stream `{d.stream}`" + (f", {d.state}" if d.state else "") + ")" if d.stream else "")
+        + f": the best plan with it costs {ms(d.cost)} ms per {unit}"
+        + (f"; {memory}" if memory else "")
     )
     if d.rejected:
-        line = f"- **best rejected** `{d.rejected}`: the best plan with it instead costs {ms(d.rejected_cost)} ms per forward"
-        if v.plan_delta_ms is not None:
-            line += f" ({v.plan_delta_ms:+.3f} ms)"
+        line = f"- **best rejected** `{d.rejected}`: the best plan with it instead costs {ms(d.rejected_cost)} ms per {unit}"
+        if d.margin is not None:
+            line += f" ({d.margin * 1e3:+.3f} ms)"
         out.append(line)
-    rest = [(name, t) for name, t in v.options if name not in (d.strategy, d.rejected)]
+    rest = [o for o in d.options if o.name not in (d.strategy, d.rejected)]
     if rest:
-        out.append("- other options priced: " + ", ".join(f"`{name}` {t:.3f} ms" for name, t in rest))
-    if v.excluded:
-        out.append("- excluded: " + "; ".join(v.excluded))
-    for x in v.other:
+        out.append("- other options priced: " + ", ".join(f"`{o.name}` {o.seconds_own * 1e3:.3f} ms" for o in rest))
+    if d.excluded:
+        out.append("- excluded: " + "; ".join(f"{x.option}: {x.reason}" for x in d.excluded))
+    for x in decision_account(d):
         out.append(f"- {x}")
-    rows = [r for r in rep.rows() if r["group"] == v.key and r["collectives"]]
+    rows = [r for r in rep.rows() if r["group"] == d.macro and r["collectives"]]
     if rows:
         out.append(
             "- collectives it implies (per call): "

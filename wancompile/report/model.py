@@ -1,15 +1,16 @@
 """What every dump view (plan.md, plan.html, explain, diff) reads: a `Plan`, its optional per-op
-trace (`wancompile.report.trace`), and the few numbers derived from them — the per-block collective
-bill, the parallelism, the roofline, and each decision's alternatives.
+trace (`wancompile.report.trace`), and the few things derived from them — the per-block collective
+bill, the parallelism, the roofline, each decision's account in sentences, and the one layout
+notation (`planner.placements`) for the trace's tensor states.
 
-Views never reach into the planner's internals: the plan is read through `planner.plan.Plan`, the
-cost model only through `planner.cost_model.collective_seconds` and the hardware profile.
+Views never reach into the planner's internals: the plan is read through `planner.plan.Plan` (its
+decisions are typed: nothing here parses text), the cost model only through
+`planner.cost_model.collective_seconds` and the hardware profile.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,7 +19,8 @@ from typing import Optional
 from planner.cfg import plan_profile
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import entry_axes
-from planner.plan import Collective, Decision, Plan, PlanError
+from planner.placements import Layout
+from planner.plan import Collective, CostSplit, Decision, Plan, PlanError
 
 # A collective is "small" when it moves under 1/SMALL_RATIO of the block's largest one: the seed's
 # norm_q/k statistics all-reduces are (1, L) against the (L, D) row-parallel ones, i.e. 1/D.
@@ -68,54 +70,59 @@ class Bill:
         return "; ".join(p for p in (big, f"small: {small}" if small else "") if p)
 
 
-@dataclass(frozen=True)
-class DecisionView:
-    """A `Decision` with its note read apart: the options the solver priced, the excluded ones."""
-
-    decision: Decision
-    plan_delta_ms: Optional[float]  # the whole plan's cost change when this choice is forbidden
-    options: tuple[tuple[str, float], ...]  # (strategy, ms per forward), cheapest first
-    excluded: tuple[str, ...]
-    memory: str
-    other: tuple[str, ...]
-
-    @property
-    def where(self) -> str:
-        return self.decision.node
-
-    @property
-    def key(self) -> str:
-        """``attn1`` for ``blocks.*.attn1 (x40)``, the module path for root decisions."""
-        return re.sub(r"^blocks\.\*\.", "", re.sub(r"\s*\(x\d+\)$", "", self.decision.node))
+def _split_text(split: CostSplit) -> str:
+    txt = (
+        f"this macro {split.this_macro * 1e3:+.3f} ms, stream-layout edges {split.edges * 1e3:+.3f} ms, "
+        f"other macros {split.other_macros * 1e3:+.3f} ms"
+    )
+    if split.moved:
+        txt += (
+            " ("
+            + ", ".join(f"{m.macro} -> {m.option}" for m in split.moved)
+            + (" to fit the memory budget" if split.for_memory else "")
+            + ")"
+        )
+    return txt
 
 
-def parse_decision(d: Decision) -> DecisionView:
-    """A decision for display. ``cost``/``rejected_cost`` are whole-plan totals per forward (the best
-    plan with the choice vs the best plan without it), so their difference is what the choice is
-    worth. The options priced on their own, the excluded ones and the weight memory are read from
-    the note (``excluded: ...; options on their own (ms per forward): a=1.0, b=2.0; 1.2 GB
-    weights/device``); other parts are kept verbatim."""
-    note = d.note or ""
-    delta = (d.rejected_cost - d.cost) * 1e3 if d.rejected_cost is not None and d.rejected else None
-    options: list[tuple[str, float]] = []
-    m = re.search(r"options on their own \(ms per forward\): (.*?)(?:; (?=\d[\d.]* GB)|$)", note)
-    if m:
-        for part in m.group(1).split(", "):
-            name, _, val = part.rpartition("=")
-            try:
-                options.append((name, float(val)))
-            except ValueError:
-                pass
-    excluded: tuple[str, ...] = ()
-    m = re.search(r"excluded: (.*?); options on their own \(", note)
-    if m:
-        excluded = tuple(dict.fromkeys(x.strip() for x in m.group(1).split("; ") if x.strip()))
-    m = re.search(r"([\d.]+ GB weights/device[^;]*)", note)
-    memory = m.group(1) if m else ""
-    known = re.compile(r"^(excluded:|options on their own \(ms per forward\)|[\d.]+ GB weights/device)")
-    parts = [p.strip() for p in note.split("; ") if p.strip()]
-    other = tuple(p for p in parts if not known.match(p) and p not in excluded)
-    return DecisionView(d, delta, tuple(sorted(options, key=lambda o: o[1])), excluded, memory, other)
+def decision_account(d: Decision) -> list[str]:
+    """The decision's own account in sentences (plan.md's "why" bullets, explain's notes), rendered
+    from its typed fields: the whole plan and this group's share, the runner-up and where its extra
+    cost comes from, and an option that is cheaper on its own but loses."""
+    unit = d.unit
+    chosen = d.option(d.strategy)
+    share = f" ({d.strategy}: {chosen.seconds_own * 1e3:.3f} ms of it" + (f", x{d.count}" if d.count > 1 else "") + ")"
+    out = [f"plan total {d.cost * 1e3:.3f} ms per {unit}" + (share if chosen is not None else "")]
+    if d.rejected and d.rejected_cost is not None:
+        line = f"next best: {d.rejected}, plan total {d.rejected_cost * 1e3:.3f} ms"
+        if d.rejected_split is not None:
+            line += f" ({d.rejected_split.total * 1e3:+.3f} ms: {_split_text(d.rejected_split)})"
+        out.append(line)
+    elif len(d.options) > 1:
+        out.append("every alternative breaks the memory budget")
+    elif len(d.options) == 1:
+        out.append("only legal option")
+    alt = d.cheaper_alone
+    if alt is not None:
+        head = f"{alt.option} is cheaper on its own ({alt.seconds_own * 1e3:.3f} ms) but "
+        if alt.plan_seconds is None:
+            out.append(head + "no plan with it fits the memory budget")
+        else:
+            out.append(
+                head
+                + f"its best plan totals {alt.plan_seconds * 1e3:.3f} ms"
+                + (f": {_split_text(alt.split)}" if alt.split is not None else "")
+            )
+    return out
+
+
+def weights_text(d: Decision) -> str:
+    """``0.71 GB weights/device (weights sharded for memory)``; "" for a decision without weights data."""
+    if not d.options or d.unit == "step":
+        return ""
+    return f"{d.weight_bytes_per_device / 1e9:.2f} GB weights/device" + (
+        " (weights sharded for memory)" if d.fsdp else ""
+    )
 
 
 @dataclass
@@ -170,8 +177,31 @@ class Report:
     def num_blocks(self) -> int:
         if self.trace and self.trace.get("blocks"):
             return int(self.trace["blocks"])
-        idx = {int(m.group(1)) for p in self.plan.params for m in [re.match(r"^blocks\.(\d+)\.", p)] if m}
-        return max(idx) + 1 if idx else 0
+        return self.plan.layers
+
+    # --- the one layout notation, for the trace's tensor states -------------------------------------
+
+    def layout(self, state: Optional[dict]) -> str:
+        """A trace state's layout: ``(S(1), R)``; "" for an op without a tensor output."""
+        if not state:
+            return ""
+        lay = Layout(tuple(entry_axes(e) for e in state["spec"]), tuple(state.get("partial", ())))
+        return lay.show(self.plan.mesh)
+
+    def state(self, state: Optional[dict]) -> str:
+        """A trace state for people: the global shape and the layout, ``1 × 48 × 64 (S(1), R)``."""
+        if not state:
+            return ""
+        shape = " × ".join(str(d) for d in state["shape"]) or "scalar"
+        return f"{shape} {self.layout(state)}"
+
+    def spec(self, spec) -> str:
+        """A partition spec (plan.json's per-dim form) in the notation."""
+        return Layout(tuple(entry_axes(e) for e in spec)).show(self.plan.mesh)
+
+    def weights(self, row: dict) -> str:
+        """The row's parameters: ``weight (R, S(0)); bias (R, S(0))``."""
+        return "; ".join(f"{w['param'].rsplit('.', 1)[-1]} {self.spec(w['spec'])}" for w in row["weights"])
 
     def rows(self, segment: Optional[str] = None) -> list[dict]:
         ops = (self.trace or {}).get("ops", [])
@@ -216,16 +246,16 @@ class Report:
         return entry_axes(e.spec[1]) if e is not None else ()
 
     def tp_axes(self) -> tuple[str, ...]:
-        """Axes splitting the heads of the first self-attention: the feature dim of its Q projection's
-        output (from the trace), else the Q weight's output dim less the SP axes (FSDP adds those)."""
-        for r in self.rows("block"):
-            if re.match(r"^blocks\.\*\.attn1\.to_q(kv)?:linear#0$", r["loc"]):
-                last = r["out"].split(" +")[0].split(" × ")[-1]
-                return tuple(last.split("/", 1)[1].split("·")) if "/" in last else ()
-        for name, spec in self.plan.params.items():
-            if re.match(r"^blocks\.0\.attn1\.to_q(kv)?\.weight$", name) and spec:
-                return tuple(a for a in entry_axes(spec[0]) if a not in self.sp_axes())
-        return ()
+        """Axes splitting the heads of the first self-attention (the ``attn1`` macro): the feature dim
+        of its first projection's output (from the trace), else the Q weight's output dim less the SP
+        axes (FSDP adds those)."""
+        first = next((r for r in self.rows("block") if r["group"] == "attn1" and r["op"] == "linear"), None)
+        if first is not None and first["out"]:
+            return entry_axes(first["out"]["spec"][-1])
+        spec = self.plan.params.get("blocks.0.attn1.to_q.weight") or self.plan.params.get(
+            "blocks.0.attn1.to_qkv.weight"
+        )
+        return tuple(a for a in entry_axes(spec[0]) if a not in self.sp_axes()) if spec else ()
 
     def parallelism(self) -> str:
         mesh = self.plan.mesh
@@ -243,8 +273,23 @@ class Report:
         ]
         return "; ".join(parts)
 
-    def decisions(self) -> list[DecisionView]:
-        return [parse_decision(d) for d in self.plan.decisions]
+    def decisions(self) -> list[Decision]:
+        return list(self.plan.decisions)
+
+    def decision(self, name: str) -> Optional[Decision]:
+        """The decision named by its macro (``attn1``), its scope (``blocks.*.attn1``) or its node
+        (``blocks.*.attn1 (x40)``)."""
+        return next((d for d in self.plan.decisions if name in (d.macro, d.scope, d.node)), None)
+
+    def decision_for(self, module: str) -> Optional[Decision]:
+        """The decision whose macro contains `module` (generic: ``blocks.*.attn1.to_q`` -> attn1)."""
+        best = None
+        for d in self.plan.decisions:
+            for scope in (d.scope, *d.members):
+                if module == scope or module.startswith(scope + "."):
+                    if best is None or len(scope) > len(best[1]):
+                        best = (d, scope)
+        return best[0] if best else None
 
     def segment_costs(self) -> list[tuple[str, int, float, float]]:
         """(segment, times per forward, compute s, comm s) from the trace, per call of the segment."""

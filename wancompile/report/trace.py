@@ -10,11 +10,15 @@ plan.json under ``"report"`` (an optional section; `planner.plan.Plan` ignores i
 How: the planner's own propagation engine (`planner.propagate.evaluate`) runs once per op, in graph
 order, with the plan's parameter specs as boundary layouts and its activation constraints forced
 after their ops — exactly how `planner.autoplan.price_plan` prices a plan, kept per op. Rows hold
-strings and numbers only:
+data, not renderings: a tensor state is its global shape, its per-dim partition spec (plan.json's
+convention) and the axes of unreduced partial sums; the views print it in the one layout notation
+(`planner.placements`). Collectives are `planner.collective.Collective` records::
 
     {"loc": "blocks.*.attn1.to_k:linear#0", "segment": "block", "group": "attn1", "op": "linear",
-     "weight": "(model, -)", "in": ["1 × 24/batch × 64"], "out": "1 × 24/batch × 16/model",
-     "constraint": "(-, batch, model)", "collectives": [...], "compute_s": 1.2e-05}
+     "weights": [{"param": "blocks.0.attn1.to_k.weight", "spec": ["model", null]}, ...],
+     "in": [{"shape": [1, 48, 64], "spec": [null, "batch", null], "partial": []}],
+     "out": {"shape": [1, 48, 64], "spec": [null, "batch", "model"], "partial": []},
+     "constraint": [null, "batch", "model"], "collectives": [...], "compute_s": 1.2e-05}
 """
 
 from __future__ import annotations
@@ -25,13 +29,12 @@ from typing import Any, Optional
 from planner.cfg import plan_profile
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile, default_hardware, get_profile
-from planner.mesh import format_spec
 from planner.placements import Layout
-from planner.plan import Plan
+from planner.plan import Plan, spec_to_json
 from planner.propagate import evaluate
 from planner.strategies import find_structure
 
-TRACE_VERSION = 1
+TRACE_VERSION = 2
 
 # Ops a reader looks for in the block table even when they move no data (the seed's rows).
 KERNELS = frozenset(
@@ -56,14 +59,15 @@ def generic(where: str) -> str:
     return re.sub(r"^blocks\.\d+", "blocks.*", where)
 
 
-def show_state(meta: TensorMeta, layout: Optional[Layout]) -> str:
-    """Shape with the mesh axes that split each dim: ``1 × 48/batch × 64``; partial sums as ``+P(model)``."""
+def state(meta: TensorMeta, layout: Optional[Layout]) -> dict[str, Any]:
+    """A tensor's state as data: global shape, per-dim spec, partial-sum axes."""
     if layout is None:
         layout = Layout.replicated(len(meta.shape))
-    parts = []
-    for n, axes in zip(meta.shape, layout.dims):
-        parts.append(f"{n}" + (f"/{'·'.join(axes)}" if axes else ""))
-    return " × ".join(parts) + (f" +P({'·'.join(layout.partial)})" if layout.partial else "") if parts else "scalar"
+    return {
+        "shape": [_dim(d) for d in meta.shape],
+        "spec": spec_to_json(layout.to_spec()),
+        "partial": list(layout.partial),
+    }
 
 
 def trace_plan(
@@ -77,7 +81,7 @@ def trace_plan(
     )
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     st = find_structure(graph)
-    n_blocks = num_blocks or _block_count(plan) or st.captured_blocks
+    n_blocks = num_blocks or plan.layers or st.captured_blocks
     mesh = plan.mesh
     by_loc = graph.by_location()
     forced, copies = plan.constraint_layouts(graph)
@@ -136,11 +140,10 @@ def _row(
             continue
         lay = layouts.get(i, (None,))[0] if layouts.get(i) else None
         if src.is_param:
-            weights.append(
-                f"{src.param.rsplit('.', 1)[-1]} {format_spec(plan.params.get(src.param, (None,) * len(src.out.shape)))}"
-            )
+            spec = plan.params.get(src.param, (None,) * len(src.out.shape))
+            weights.append({"param": src.param, "spec": spec_to_json(spec)})
         else:
-            ins.append(show_state(src.out, lay))
+            ins.append(state(src.out, lay))
     out_lay = layouts[node.name][0] if layouts.get(node.name) else None
     module = node.module
     root = block_root.get(0, "")
@@ -157,15 +160,12 @@ def _row(
         "module": generic(module),
         "op": node.op,
         "kernel": node.op in KERNELS,
-        "weight": "; ".join(weights),
+        "weights": weights,
         "in": ins,
-        "out": show_state(node.out, out_lay) if node.outputs else "",
-        "constraint": format_spec(constraint_spec[node.name]) if node.name in constraint_spec else "",
+        "out": state(node.out, out_lay) if node.outputs else None,
+        "constraint": spec_to_json(constraint_spec[node.name]) if node.name in constraint_spec else None,
         "module_output": _is_module_output(graph, node),
-        "collectives": [
-            {"kind": e.kind, "axes": list(e.axes), "bytes": int(e.bytes), "reason": e.reason, "seconds": e.seconds}
-            for e in ev.events
-        ],
+        "collectives": [e.to_json() for e in ev.events],
         "compute_s": ev.compute_seconds,
         "flops": ev.flops,
     }
@@ -190,11 +190,6 @@ def _block_root(graph: Graph) -> dict[int, str]:
             if n.block not in out or len(cand) < len(out[n.block]):
                 out[n.block] = cand
     return out
-
-
-def _block_count(plan: Plan) -> int:
-    idx = {int(m.group(1)) for p in plan.params for m in [re.match(r"^blocks\.(\d+)\.", p)] if m}
-    return max(idx) + 1 if idx else 0
 
 
 def _dim(d: Any) -> Any:

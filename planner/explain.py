@@ -1,0 +1,142 @@
+"""`explain_choices`: the typed `Decision` of every ILP group, shared by the DiT and the VAE planner.
+
+After the solve, for each group g with chosen option i:
+
+- ``cost`` is the solved plan's objective; every option is priced on its own (`OptionCost`:
+  count × per-call cost + once-per-forward cost, its weights and activation estimate, its stream);
+- the best rejected option is found by re-solving with i forbidden; its objective is
+  ``rejected_cost`` and the difference is split into this group, the stream-layout edges and the
+  other groups (`CostSplit`, with the groups whose choice moved);
+- if an option is cheaper on its own than i (and is not the runner-up), the best plan that must use
+  it is solved too (`Alternative`): why the cheap option lost;
+- the exclusions the strategy enumerators gave (`Exclusion`) are kept, deduplicated.
+
+The two planners differ only in what they pass: which groups are block macros, the stream of an
+option's key in the layout notation (`planner.placements`), which options shard weights for memory,
+the macros a group stands for, and the unit of the costs.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Hashable, Mapping, Sequence
+
+from planner.ilp import Edge, Group, Infeasible, SolveResult, solve
+from planner.plan import Alternative, CostSplit, Decision, Exclusion, Move, OptionCost
+
+KIB = 1024
+RESOLVE_S = 2.0  # time limit of each re-solve (forbid the choice / force the cheap option)
+
+
+def own_seconds(g: Group, j: int) -> float:
+    """What option j of group g costs per forward on its own (all repetitions, plus once-costs)."""
+    o = g.options[j]
+    return (g.count * o.cost_ns + o.once_ns) / 1e9
+
+
+def explain_choices(
+    groups: Sequence[Group],
+    edges: Sequence[Edge],
+    res: SolveResult,
+    memory_kib: int,
+    excluded: Mapping[str, Sequence[Exclusion]],
+    unit: str = "forward",
+    *,
+    in_block: Callable[[Group], bool] = lambda g: False,
+    stream: Callable[[Group, Hashable], str] = lambda g, key: "",
+    fsdp: Callable[[Group, int], bool] = lambda g, j: False,
+    members: Mapping[str, Sequence[str]] = {},
+) -> tuple[Decision, ...]:
+    """One `Decision` per group of a solved ILP (see the module docstring)."""
+    by_name = {g.name: g for g in groups}
+
+    def edge_s(choice: Mapping[str, int]) -> float:
+        return (
+            sum(
+                e.count
+                * e.cost_ns.get(
+                    (by_name[e.src].options[choice[e.src]].key, by_name[e.dst].options[choice[e.dst]].key), 0
+                )
+                for e in edges
+            )
+            / 1e9
+        )
+
+    def others(g: Group, choice: Mapping[str, int]) -> float:
+        return sum(own_seconds(h, choice[h.name]) for h in groups if h.name != g.name)
+
+    def memory(choice: Mapping[str, int]) -> int:  # the left side of the ILP's (d)
+        opts = [h.options[choice[h.name]] for h in groups]
+        return sum(o.param_kib for o in opts) + max((o.act_kib for o in opts), default=0)
+
+    def split(g: Group, alt: Mapping[str, int]) -> CostSplit:
+        moved = tuple(
+            Move(h.name, h.options[alt[h.name]].name)
+            for h in groups
+            if h.name != g.name and alt[h.name] != res.choice[h.name]
+        )
+        # the others moved to fit the memory budget if the alternative alone, with them as chosen, does not
+        alone = {**res.choice, g.name: alt[g.name]}
+        return CostSplit(
+            own_seconds(g, alt[g.name]) - own_seconds(g, res.choice[g.name]),
+            edge_s(alt) - edge_s(res.choice),
+            others(g, alt) - others(g, res.choice),
+            moved,
+            for_memory=bool(moved) and memory(alone) > memory_kib,
+        )
+
+    out = []
+    cost = res.objective_ns / 1e9
+    for g in groups:
+        i = res.choice[g.name]
+        o = g.options[i]
+        rejected, rcost, rsplit, alt_j = "", None, None, None
+        if len(g.options) > 1:
+            try:
+                alt = solve(groups, edges, memory_kib=memory_kib, forbid={g.name: i}, time_limit_s=RESOLVE_S)
+                alt_j = alt.choice[g.name]
+                rejected, rcost, rsplit = g.options[alt_j].name, alt.objective_ns / 1e9, split(g, alt.choice)
+            except Infeasible:
+                pass  # every alternative breaks the memory budget
+        cheaper = None
+        cheapest = min(range(len(g.options)), key=lambda j: (own_seconds(g, j), j))
+        if own_seconds(g, cheapest) < own_seconds(g, i) and cheapest != alt_j:
+            try:
+                forced = solve(groups, edges, memory_kib=memory_kib, only={g.name: cheapest}, time_limit_s=RESOLVE_S)
+                cheaper = Alternative(
+                    g.options[cheapest].name,
+                    own_seconds(g, cheapest),
+                    forced.objective_ns / 1e9,
+                    split(g, forced.choice),
+                )
+            except Infeasible:
+                cheaper = Alternative(g.options[cheapest].name, own_seconds(g, cheapest))
+        options = tuple(
+            sorted(
+                (
+                    OptionCost(p.name, own_seconds(g, j), p.param_kib * KIB, p.act_kib * KIB, stream(g, p.key))
+                    for j, p in enumerate(g.options)
+                ),
+                key=lambda c: (c.seconds_own, c.name),
+            )
+        )
+        out.append(
+            Decision(
+                macro=g.name,
+                strategy=o.name,
+                cost=cost,
+                count=g.count,
+                in_block=in_block(g),
+                members=tuple(members.get(g.name, ())),
+                rejected=rejected,
+                rejected_cost=rcost,
+                rejected_split=rsplit,
+                cheaper_alone=cheaper,
+                options=options,
+                excluded=tuple(dict.fromkeys(excluded.get(g.name, ()))),
+                weight_bytes_per_device=o.param_kib * KIB,
+                fsdp=fsdp(g, i),
+                stream=stream(g, o.key),
+                unit=unit,
+            )
+        )
+    return tuple(out)
