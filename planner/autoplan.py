@@ -503,7 +503,8 @@ class _Ctx:
             for e in ev.events:
                 events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
             forced_block.update(s.forced)
-        pins = list(forced_block.items())  # (node, layout) in order; a node may be pinned twice
+        # (node, layout, reason) in order; a node may be pinned twice (then changed in place)
+        pins = [(x, lay, _reason(self.g[x])) for x, lay in forced_block.items()]
         copies: list[tuple[str, int, Layout]] = []  # (reader, input index, layout of its copy)
         changes = self._sigma_changes(chosen)
         out_changed = any(readers is None for *_, readers in changes)
@@ -511,16 +512,16 @@ class _Ctx:
             if readers is None:
                 # the block output: pinned where it is made (else GSPMD moves the change back into the
                 # last macro's glue), then changed in place: all its readers are in the next block
-                pins += [(a, self.stream(b)), (a, self.stream(l_sig))]
+                pins += [(a, self.stream(b), _MADE), (a, self.stream(l_sig), _CHANGED)]
             else:
                 # pinned where it is made, so that the copy the readers in the other macro get cannot
                 # move its layout back into the producing macro (GSPMD propagates a constraint backwards)
                 if a == self.st.entry:  # in block 0 the entry's own pin; in later blocks the block output
                     if not out_changed:
-                        pins.append((self.st.block_output, self.stream(b)))
+                        pins.append((self.st.block_output, self.stream(b), _MADE))
                         out_changed = True
                 elif a not in forced_block:
-                    pins.append((a, self.stream(b)))
+                    pins.append((a, self.stream(b), _MADE))
                 copies += [(r, i, self.stream(l_sig)) for r, i in readers]
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
@@ -533,6 +534,8 @@ class _Ctx:
         params = self._params(chosen)
         self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
         self._split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
+        if self._split_stream:
+            pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen) if x not in forced_block]
         acts = self._activations(pins, sigma0, copies)
         memory = (
             sum(
@@ -608,6 +611,28 @@ class _Ctx:
                     out.append((x, key[src], key[m.name], readers))
         return out
 
+    def _modulation(self, chosen) -> list[tuple[str, Layout]]:
+        """Block values that do not depend on the stream (the adaLN modulation: the block's table
+        plus the timestep projection, chunked) read by ops that do, with the layout the chosen
+        option of their macro gives them. With the stream split on hidden in one macro and whole in
+        another, GSPMD propagated the split backwards into the shared chunk and all-gathered the other
+        macro's vectors (measured: 3 per block on 2x4); pinned, each use slices its own."""
+        block = [n for n in self.g if n.block == 0 and n.op != "placeholder"]
+        dependent = {self.st.entry}
+        for n in block:
+            if any(i in dependent for i in n.inputs):
+                dependent.add(n.name)
+        out = []
+        for n in block:
+            m = self.macro_of.get(n.name)
+            if n.name in dependent or not n.outputs or m is None:
+                continue
+            if any(u.name in dependent for u in self.g.users(n.name)):
+                lay = self.evals[m, chosen[m].name].layouts.get(n.name)
+                if lay and lay[0] is not None:
+                    out.append((n.name, lay[0]))
+        return out
+
     def _side_inputs(self) -> list[str]:
         """Non-parameter values made before the block stack that block 0 or the epilogue read,
         except the stream."""
@@ -647,7 +672,7 @@ class _Ctx:
         return out
 
     def _activations(self, pins, sigma0, copies) -> tuple[ActivationConstraint, ...]:
-        """Constraints: `pins` (node, layout) in place after the op, `copies` (reader, input index,
+        """Constraints: `pins` (node, layout, reason) in place after the op, `copies` (reader, input index,
         layout) on a reader's input; block nodes are written for every block."""
         entry = self.g[self.st.entry]
         acts = [
@@ -680,12 +705,9 @@ class _Ctx:
                 for k in range(self.n)
             ]
 
-        for name, lay in pins:
+        for name, lay, why in pins:
             node = self.g[name]
-            acts += [
-                ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(node))
-                for loc in per_block(node)
-            ]
+            acts += [ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=why) for loc in per_block(node)]
         for name, i, lay in copies:
             node, value = self.g[name], self.g[self.g[name].inputs[i]]
             acts += [
@@ -748,6 +770,11 @@ class _Ctx:
             for x, lays in self.inputs.items()
         ]
         return tuple(inputs + acts)
+
+
+_MADE = "stream value pinned where it is made, in its macro's layout (another macro reads it in another)"
+_CHANGED = "stream layout change between blocks (the next block's first macro)"
+_MODULATION = "block value independent of the stream (adaLN modulation), kept in its planned layout"
 
 
 def _reason(node) -> str:

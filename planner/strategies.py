@@ -331,7 +331,10 @@ def _streams(macro: Macro, mesh: MeshSpec, sigma, tp, tokens, hidden, values, wh
             fit = False
     if fit is False:
         why.append(
-            f"sequence-parallel stream over {'x'.join(tuple(sigma) + tuple(tp))} ({n}): {tokens} tokens do not divide"
+            Exclusion(
+                f"sequence-parallel stream over {'x'.join(tuple(sigma) + tuple(tp))} ({n})",
+                f"{tokens} tokens do not divide",
+            )
         )
     else:
         out.append(((tuple(sigma) + tuple(tp), ()), (fit,) if isinstance(fit, Guard) else ()))

@@ -102,39 +102,41 @@ def _kept_slice(kept: int, group: int, whole: int) -> bool:
 
 def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]:
     """All-reduces whose every user keeps only this device's slice of the result: each user is a
-    dynamic-slice (or a fusion holding one) and at most 1/group-size of the all-reduce's size.
-    That pair is a reduce-scatter that the XLA CPU pipeline leaves unfused (XLA's GPU
-    ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it), so it is read as one."""
+    dynamic-slice at most 1/group-size of the all-reduce's size, or a fusion holding such a
+    dynamic-slice of a value the all-reduce's size (XLA fuses the slice into the next op, e.g. a
+    LayerNorm's reductions). That pair is a reduce-scatter that the XLA CPU pipeline leaves unfused
+    (XLA's GPU ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it), so it is
+    read as one."""
     users: dict[str, list[tuple[str, str]]] = {name: [] for name in group_size}
     sizes: dict[str, int] = {}
-    bodies: dict[str, list[str]] = {}
-    current: list[str] = []
+    cuts: dict[str, list[tuple[int, int]]] = {}  # computation -> (operand size, result size) of its dynamic-slices
+    current: list[tuple[int, int]] = []
+    local: dict[str, int] = {}
     for line in hlo_text.splitlines():
         head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
         if head:
-            current = bodies.setdefault(head.group(1), [])
-        current.append(line)
+            current, local = cuts.setdefault(head.group(1), []), {}
         m = _DEF.match(line)
         if not m:
             continue
-        sizes[m.group("name")] = _numel(m.group("shape"))
+        sizes[m.group("name")] = local[m.group("name")] = _numel(m.group("shape"))
+        if m.group("op") == "dynamic-slice":
+            first = re.findall(r"%([\w.\-]+)", m.group("operands"))[:1]
+            current.append((local.get(first[0], 0) if first else 0, local[m.group("name")]))
         for o in re.findall(r"%([\w.\-]+)", m.group("operands")):
             if o in users:
                 users[o].append((m.group("shape"), line))
-    slices = {name for name, body in bodies.items() if any(" dynamic-slice(" in b for b in body)}
 
-    def slicing(line: str) -> bool:
+    def slicing(name: str, shape: str, line: str) -> bool:
+        group, whole = group_size[name], sizes.get(name, 0)
+        if " dynamic-slice(" in line:
+            return _kept_slice(_numel(shape), group, whole)
         called = re.search(r"calls=%([\w.\-]+)", line)
-        return " dynamic-slice(" in line or (called is not None and called.group(1) in slices)
-
-    return {
-        name
-        for name, uses in users.items()
-        if uses
-        and all(
-            slicing(line) and _kept_slice(_numel(shape), group_size[name], sizes.get(name, 0)) for shape, line in uses
+        return called is not None and any(
+            src == whole and _kept_slice(kept, group, whole) for src, kept in cuts.get(called.group(1), ())
         )
-    }
+
+    return {name for name, uses in users.items() if uses and all(slicing(name, shape, line) for shape, line in uses)}
 
 
 def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[Collective]:
