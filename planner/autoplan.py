@@ -21,16 +21,16 @@ from collections import Counter
 from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
+from planner import pricing
 from planner.cost_model import collective_seconds, to_ns
 from planner.explain import explain_choices
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
-from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import Edge, Group, Infeasible, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
-from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
+from planner.placements import Guard, Layout, as_number, numel, shard_count
 from planner.plan import (
     ActivationConstraint,
-    Collective,
     Decision,
     Exclusion,
     MemoryBudgetError,
@@ -62,6 +62,7 @@ def plan_graph(
     only: Optional[Mapping[str, str]] = None,
     batch_axes: tuple[str, ...] = (),
     stream_layouts: bool = True,
+    preset: str = "auto",
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -86,6 +87,10 @@ def plan_graph(
         stream_layouts: offer the split stream layouts between macros (STATE B: hidden split over
             the TP axes; sequence-parallel Megatron: tokens also split over them) besides STATE A
             (hidden whole). False: STATE A only, the seed's plans.
+        preset: ``auto`` (the solver decides) or ``tt-xla``: the seed's hand plan through this same
+            engine — every block macro head-TP / Megatron on the last mesh axis with SP on the others,
+            the embedders Megatron on the last axis, STATE A, no FSDP — so its bill is the rules'
+            (`PRESETS`); the other options are recorded as excluded by the preset.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
@@ -96,7 +101,17 @@ def plan_graph(
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
     ctx, groups, edges, tables, excluded = _build(
-        graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, tuple(batch_axes), stream_layouts
+        graph,
+        mesh,
+        hw,
+        num_blocks,
+        weight_copies,
+        values,
+        sequence_parallel,
+        only,
+        tuple(batch_axes),
+        stream_layouts and preset == "auto",
+        preset,
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     fixed = ctx.fixed_param_bytes()
@@ -114,7 +129,7 @@ def plan_graph(
         need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
         need_gb = budget_gb(need_kib, fixed)
         meshes = _larger_meshes(
-            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts
+            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts, preset
         )
         advice = (
             ", or use a larger mesh: "
@@ -146,15 +161,48 @@ def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
         raise PlanError(str(e)) from None
 
 
+PRESETS = ("auto", "tt-xla")
+
+
 def _build(
-    graph, mesh, hw, num_blocks, weight_copies, values, sequence_parallel, only, batch_axes=(), stream_layouts=True
+    graph,
+    mesh,
+    hw,
+    num_blocks,
+    weight_copies,
+    values,
+    sequence_parallel,
+    only,
+    batch_axes=(),
+    stream_layouts=True,
+    preset="auto",
 ):
+    if preset not in PRESETS:
+        raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
     st = find_structure(graph)
     n = num_blocks or st.captured_blocks
     ctx = _Ctx(graph, mesh, hw, st, n, weight_copies, dict(values or {}), batch_axes, stream_layouts)
     ctx.sequence_parallel = sequence_parallel
     ctx.only = dict(only or {})
     groups, edges, tables, excluded = ctx.build()
+    if preset == "tt-xla":
+        # the seed's shape is the solver's hint (`_Ctx.hint`): keep exactly that option per macro
+        hint = ctx.hint(groups, tables)
+        missing = [g.name for g in groups if g.name not in hint]
+        if missing:
+            raise PlanError(
+                f"the tt-xla preset needs head-TP / Megatron on the last mesh axis with SP on the others, but "
+                f"{', '.join(missing)} has no such legal option on mesh {mesh} (excluded: "
+                + "; ".join(f"{x.option}: {x.reason}" for m in missing for x in excluded[m])
+                + ")"
+            )
+        for k, g in enumerate(groups):
+            i = hint[g.name]
+            excluded[g.name] = list(excluded[g.name]) + [
+                Exclusion(o.name, "not the tt-xla preset") for j, o in enumerate(g.options) if j != i
+            ]
+            groups[k] = Group(g.name, (g.options[i],), g.count)
+            tables[g.name] = [tables[g.name][i]]
     return ctx, groups, edges, tables, excluded
 
 
@@ -170,7 +218,7 @@ def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
 
 
 def _larger_meshes(
-    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts=True
+    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts, preset
 ):
     """(mesh, smallest budget that plans there) for the system meshes larger than `mesh` whose
     smallest plan fits `budget`; at most the two smallest."""
@@ -178,7 +226,7 @@ def _larger_meshes(
     for m in _system_meshes(mesh):
         try:
             ctx, groups, *_ = _build(
-                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts
+                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts, preset
             )
             fixed = ctx.fixed_param_bytes()
             need = budget_gb(min_memory_kib(groups)[0], fixed)
@@ -289,27 +337,22 @@ class _Ctx:
         return out
 
     def eval_macro(self, m: Macro, s: Strategy) -> Evaluation:
-        boundary = {k: v for k, v in self.base.items() if k not in set(m.nodes)}
-        boundary.update({p: (lay,) for p, lay in s.params.items()})
-        if m.in_block:
-            for x in self.crossing(m):
-                boundary[x] = (self.stream(s.stream),)
-        return evaluate(
+        stream = {x: self.stream(s.stream) for x in self.crossing(m)} if m.in_block else {}
+        return pricing.evaluate_option(
             self.g,
-            [self.g[x] for x in m.nodes],
+            m.nodes,
             self.mesh,
             self.hw,
-            boundary=boundary,
+            params=s.params,
+            stream=stream,
             forced=s.forced,
             values=self.vals,
+            base=self.base,
         )
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
-        total = 0.0
-        for p in m.params:
-            meta = self.g[p].out
-            total += as_number(numel(local_shape(meta.shape, s.params.get(p), self.mesh)), self.vals) * meta.itemsize
-        return total * (self.n if m.in_block else 1) * self.copies
+        one = pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
+        return one * (self.n if m.in_block else 1) * self.copies
 
     def fixed_param_bytes(self) -> float:
         owned = {p for m in self.st.block_macros + self.st.root_macros for p in m.params}
@@ -388,29 +431,15 @@ class _Ctx:
                     if s.stream not in ends:
                         ends[s.stream] = self.ends(s.stream)
                     once = to_ns(ends[s.stream].seconds)
-                # KiB rounded up, so the solver's memory (d) never undercounts the plan's own prediction
-                options.append(
-                    Option(
-                        s.name,
-                        s.stream,
-                        to_ns(ev.seconds),
-                        once,
-                        math.ceil(self.param_bytes(m, s) / KIB),
-                        math.ceil(ev.peak_bytes * 3 / KIB),
-                    )
-                )
+                options.append(pricing.option(s.name, s.stream, ev, self.param_bytes(m, s), once))
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
         self.ends_evals = ends
         return groups, self.edges(tables), tables, excluded
 
     def reshard_seconds(self, tensor: str, k, l) -> float:
-        if k == l:
-            return 0.0
-        meta = self.g[tensor].out
-        return sum(
-            collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
-            for kind, axes, shape in redistribute(meta, self.stream(k), self.stream(l), self.mesh)
+        return pricing.reshard_seconds(
+            self.g[tensor].out, self.stream(k), self.stream(l), self.mesh, self.hw, self.vals
         )
 
     def edges(self, tables) -> list[Edge]:
@@ -526,10 +555,7 @@ class _Ctx:
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
-        collectives = tuple(
-            Collective(kind, axes, nbytes, count, where)
-            for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
-        )
+        collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
         self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
@@ -537,27 +563,11 @@ class _Ctx:
         if self._split_stream:
             pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen) if x not in forced_block]
         acts = self._activations(pins, sigma0, copies)
-        memory = (
-            sum(
-                self._local_bytes(self.g[n].out, params.get(self.g[n].param))
-                for n in (x.name for x in self.g.params())
-                if self.g[n].block in (None, 0)
-            )
-            * self.copies
-        )
-        memory += (
-            sum(
-                self._local_bytes(self.g[n].out, params.get(self.g[n].param))
-                for n in (x.name for x in self.g.params())
-                if self.g[n].block == 0
-            )
-            * (self.n - 1)
-            * self.copies
-        )
+        memory = _weight_bytes(self.g, params, self.mesh, self.vals, self.n, self.copies)
         act_peak = max(
             ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
         )
-        memory += act_peak * 3
+        memory += pricing.ACTIVATION_FACTOR * act_peak
         nsp = shard_count(self.mesh, sigma0[0])
         if self.hw.tile > 1 and nsp > 1:
             guards.append(
@@ -588,10 +598,6 @@ class _Ctx:
         )
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
-
-    def _local_bytes(self, meta, spec) -> float:
-        lay = Layout.from_spec(spec) if spec is not None else None
-        return as_number(numel(local_shape(meta.shape, lay, self.mesh)), self.vals) * meta.itemsize
 
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
         """Stream values crossing into a macro with another stream key: (producer, from, to, readers), one
@@ -772,6 +778,19 @@ class _Ctx:
         return tuple(inputs + acts)
 
 
+def _weight_bytes(graph: Graph, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
+    """Per-device parameter bytes of the whole model under the partition specs `specs` (by parameter
+    name): the captured graph's parameters, block 0's counted for every one of `num_blocks` blocks."""
+
+    def size(p) -> float:
+        spec = specs.get(p.param)
+        return pricing.local_bytes(p.out, Layout.from_spec(spec) if spec is not None else None, mesh, values)
+
+    whole = sum(size(p) for p in graph.params() if p.block in (None, 0))
+    block0 = sum(size(p) for p in graph.params() if p.block == 0)
+    return (whole + block0 * (num_blocks - 1)) * copies
+
+
 _MADE = "stream value pinned where it is made, in its macro's layout (another macro reads it in another)"
 _CHANGED = "stream layout change between blocks (the next block's first macro)"
 _MODULATION = "block value independent of the stream (adaLN modulation), kept in its planned layout"
@@ -830,8 +849,6 @@ def price_plan(
         values=vals,
     )
     b0_names = {x.name for x in b0}
-    ctx = _Ctx.__new__(_Ctx)
-    ctx.g, ctx.mesh, ctx.vals = graph, mesh, vals
     comm = ev_epi.comm_seconds + sum(e.seconds * (n if _generic(e.where) != e.where else 1) for e in ev_pre.events)
     compute = ev_epi.compute_seconds
     ev_blk = evaluate(
@@ -846,14 +863,6 @@ def price_plan(
     )
     ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
     compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
-    memory = (
-        sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block in (None, 0))
-        * weight_copies
-    )
-    memory += (
-        sum(ctx._local_bytes(p.out, plan.params.get(p.param)) for p in graph.params() if p.block == 0)
-        * (n - 1)
-        * weight_copies
-    )
-    memory += max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes) * 3
+    memory = _weight_bytes(graph, plan.params, mesh, vals, n, weight_copies)
+    memory += pricing.ACTIVATION_FACTOR * max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes)
     return Predicted(compute + comm, compute, comm, int(memory))

@@ -19,6 +19,11 @@ Objective (integer nanoseconds; ``count`` = how many blocks share the group):
 
 Memory (per device, KiB):                                                 (d)
   Σ_g Σ_s x[g,s]·m[g,s] + act ≤ M,    act ≥ Σ_s x[g,s]·a[g,s]  for every g
+  m[g,s] = the option's parameter bytes per device, over all count_g repetitions and all resident
+           weight sets (both A14B experts: ×2); M = the budget less the parameters no option shards;
+  a[g,s] = 3 × the largest per-op live set of the option's ops (inputs as required + outputs, per
+           device): the live set, the residual stream it came from and one fused temporary
+           (`planner.pricing.ACTIVATION_FACTOR`); both rounded up to KiB.
 
 A heuristic plan is given as a hint (`AddHint`), the solver is deterministic (one worker, fixed
 seed) and time-limited; status, objective, bound gap, wall time and model size are reported.

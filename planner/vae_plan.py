@@ -33,22 +33,21 @@ cost multiplied by their count); edges carry the stream layout between consecuti
 from __future__ import annotations
 
 import itertools
-import math
 import re
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
+from planner import pricing
 from planner.cost_model import collective_seconds, to_ns
 from planner.explain import explain_choices
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile, default_hardware, get_profile
-from planner.ilp import Edge, Group, Infeasible, Option, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import Edge, Group, Infeasible, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
-from planner.placements import Layout, as_number, local_shape, numel, shard_count
+from planner.placements import Layout, as_number, numel, shard_count
 from planner.plan import (
     ActivationConstraint,
-    Collective,
     Decision,
     Exclusion,
     MemoryBudgetError,
@@ -58,7 +57,7 @@ from planner.plan import (
     SolverInfo,
     SolverTimeout,
 )
-from planner.propagate import Evaluation, evaluate, redistribute
+from planner.propagate import Evaluation, redistribute
 
 KIB = 1024
 _DEC = r"(?:^|.*?\.)decoder\."
@@ -359,33 +358,18 @@ class _VaeCtx:
         return out
 
     def evaluate(self, m: Macro, s: VaeStrategy) -> Evaluation:
-        boundary = {p: (lay,) for p, lay in s.params.items()}
-        for x in self.crossing(m):
-            boundary[x] = (stream_layout(s.key, self.g[x].out),)
-        return evaluate(
-            self.g,
-            [self.g[x] for x in m.nodes],
-            self.mesh,
-            self.hw,
-            boundary=boundary,
-            forced=s.forced,
-            values=self.vals,
+        stream = {x: stream_layout(s.key, self.g[x].out) for x in self.crossing(m)}
+        return pricing.evaluate_option(
+            self.g, m.nodes, self.mesh, self.hw, params=s.params, stream=stream, forced=s.forced, values=self.vals
         )
 
     def param_bytes(self, m: Macro, s: VaeStrategy) -> float:
-        return sum(
-            as_number(numel(local_shape(self.g[p].out.shape, s.params.get(p), self.mesh)), self.vals)
-            * self.g[p].out.itemsize
-            for p in m.params
-        )
+        return pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
 
     def reshard_seconds(self, tensor: str, k: tuple, l: tuple) -> float:
-        if k == l:
-            return 0.0
         meta = self.g[tensor].out
-        return sum(
-            collective_seconds(kind, as_number(numel(shape), self.vals) * meta.itemsize, axes, self.mesh, self.hw)
-            for kind, axes, shape in redistribute(meta, stream_layout(k, meta), stream_layout(l, meta), self.mesh)
+        return pricing.reshard_seconds(
+            meta, stream_layout(k, meta), stream_layout(l, meta), self.mesh, self.hw, self.vals
         )
 
 
@@ -450,16 +434,7 @@ def plan_vae(
         for s in kept:
             ev = ctx.evaluate(rep, s)
             evals[gname, s.name] = ev
-            options.append(
-                Option(
-                    s.name,
-                    s.key,
-                    to_ns(ev.seconds),
-                    0,
-                    math.ceil(ctx.param_bytes(rep, s) * len(members) / KIB),
-                    math.ceil(ev.peak_bytes * 3 / KIB),
-                )
-            )  # KiB rounded up: (d) never undercounts
+            options.append(pricing.option(s.name, s.key, ev, ctx.param_bytes(rep, s) * len(members)))
         groups.append(Group(gname, tuple(options), len(members)))
         tables[gname], excluded[gname] = kept, why
     edges = _edges(ctx, tables)
@@ -570,13 +545,9 @@ def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, mode
             ):
                 nbytes = int(as_number(numel(shape), ctx.vals) * meta.itemsize)
                 events[(kind, axes, nbytes, f"{g[x].location} -> {m.name}")] += 1
-    order = {a: i for i, a in enumerate(mesh.axis_names)}
-    collectives = tuple(
-        Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
-        for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
-    )
+    collectives = pricing.collectives(events, mesh)
     comm = sum(collective_seconds(c.kind, c.bytes, c.axes, mesh, ctx.hw) * c.count for c in collectives)
-    memory = int(param_bytes + 3 * peak)
+    memory = int(param_bytes + pricing.ACTIVATION_FACTOR * peak)
     notes = [
         "VAE plan: one strategy per macro (residual block, attention, upsampler, head, tail); identical residual "
         "blocks share one ILP variable",

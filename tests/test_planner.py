@@ -17,7 +17,7 @@ from planner.hand_plans import tt_xla_plan
 from planner.hardware import PROFILES
 from planner.mesh import parse_mesh
 from planner.placements import Layout
-from planner.plan import Exclusion, MemoryBudgetError
+from planner.plan import Exclusion, MemoryBudgetError, PlanError
 from planner.propagate import evaluate
 from planner.rules import rule_for
 
@@ -233,3 +233,30 @@ def test_auto_plan_never_worse_than_hand_plan(a14b):
         auto = plan_graph(a14b, m, hw, num_blocks=40, weight_copies=2, memory_gb=1000)
         hand = price_plan(a14b, tt_xla_plan(a14b, m), hw, num_blocks=40, weight_copies=2)
         assert auto.predicted.step_seconds <= hand.step_seconds * 1.0001, (mesh, hw, auto.predicted, hand)
+
+
+def test_the_tt_xla_hand_plan_is_a_preset_of_the_same_engine(a14b):
+    """preset="tt-xla" keeps, per macro, the seed's option (head-TP / Megatron on the last axis, SP on
+    the others, STATE A, no FSDP) and lets the rules find its bill: the same predicted time as the
+    seed's hand-written specs priced by the engine, every other option excluded with that reason."""
+    for mesh, hw in (("2x4", "wh-loudbox"), ("8x4", "bh-galaxy")):
+        m = parse_mesh(mesh)
+        preset = plan_graph(a14b, m, hw, num_blocks=40, weight_copies=2, memory_gb=1000, preset="tt-xla")
+        hand = price_plan(a14b, tt_xla_plan(a14b, m), hw, num_blocks=40, weight_copies=2)
+        assert preset.predicted.step_seconds == pytest.approx(hand.step_seconds, rel=1e-6), mesh
+        assert preset.predicted.comm_seconds == pytest.approx(hand.comm_seconds, rel=1e-6), mesh
+        chosen = {d.macro: d.strategy for d in preset.decisions}
+        assert chosen == {
+            "attn1": "head-TP(model)+SP(batch)",
+            "attn2": "head-TP(model)+SP(batch)",
+            "ffn": "Megatron(model)+SP(batch)",
+            "condition_embedder.time_embedder": "Megatron(model)",
+            "condition_embedder.text_embedder": "Megatron(model)",
+        }, chosen
+        attn1 = next(d for d in preset.decisions if d.macro == "attn1")
+        assert attn1.state == "STATE A" and not attn1.rejected
+        assert "head-TP(model)+SP(batch)+FSDP" in {
+            x.option for x in attn1.excluded if x.reason == "not the tt-xla preset"
+        }
+    with pytest.raises(PlanError, match="unknown DiT plan preset"):
+        plan_graph(a14b, parse_mesh("2x4"), "wh-loudbox", preset="seed")

@@ -8,6 +8,8 @@ a split hidden dim). The compiled checks are in tests/test_fidelity.py (cases st
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -102,5 +104,9 @@ def test_on_galaxy_the_stream_stays_hidden_split_and_pays_for_itself(a14b_720p, 
     assert b.predicted.step_seconds * 1.15 <= a.predicted.step_seconds, (b.predicted, a.predicted)
     assert b.predicted.comm_seconds == pytest.approx(a.predicted.comm_seconds, rel=0.05)
     assert b.predicted.memory_bytes_per_device < a.predicted.memory_bytes_per_device
+    excluded = {x.option: x.reason for d in b.decisions if d.in_block for x in d.excluded}
+    # 75,600 tokens do not split 32 ways: no sequence-parallel stream over both axes, and the dump says why
+    assert excluded["sequence-parallel stream over batchxmodel (32)"] == "75600 tokens do not divide"
+    assert json.loads(json.dumps(b.to_json()))["decisions"][0]["state"] == "STATE B"
     kinds = {c.kind for c in b.collectives if c.where.startswith("blocks.*")}
     assert "reduce-scatter" in kinds and "reduce-scatter" not in {c.kind for c in a.collectives}

@@ -12,12 +12,18 @@ users only keep this device's slice is read as the reduce-scatter it is (`scatte
 Each instruction is read into the planner's own `planner.collective.Collective` (count 1, ``where`` =
 the instruction's name, with the HLO ``shape`` text and replica ``groups``), so predicted and
 compiled collectives are one type.
+
+`parse_matmuls` reads the other half of a program's bill from the same text: every ``dot`` and
+``convolution`` with its FLOPs per device (2 × result elements × contracted elements), counted once
+per execution of the computation that holds it (fusions and calls included; a ``while`` loop is
+refused, its trip count is not in the text).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Optional, Sequence
 
@@ -87,7 +93,18 @@ def group_axes(groups: Sequence[Sequence[int]], mesh: MeshSpec) -> tuple[str, ..
     return tuple(mesh.axis_names[a] for a in sorted(varying))
 
 
+_CALLED = re.compile(
+    r"\b(?:calls|to_apply|body|condition)=%?([\w.\-]+)|\b(?:branch_computations|called_computations)=\{([^}]*)\}"
+)
 _DEF = re.compile(r"^\s*(?:ROOT\s+)?%?(?P<name>[\w.\-]+)\s*=\s*(?P<shape>.+?)\s+(?P<op>[\w\-]+)\((?P<operands>[^)]*)\)")
+
+
+def _callees(line: str) -> set[str]:
+    """Computations an instruction line calls (fusion calls=, call/reduce to_apply=, while, conditional)."""
+    out = set()
+    for single, many in _CALLED.findall(line):
+        out.update([single] if single else re.findall(r"%?([\w.\-]+)", many))
+    return out
 
 
 def _numel(shape: str) -> int:
@@ -102,38 +119,55 @@ def _kept_slice(kept: int, group: int, whole: int) -> bool:
 
 def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]:
     """All-reduces whose every user keeps only this device's slice of the result: each user is a
-    dynamic-slice at most 1/group-size of the all-reduce's size, or a fusion holding such a
-    dynamic-slice of a value the all-reduce's size (XLA fuses the slice into the next op, e.g. a
-    LayerNorm's reductions). That pair is a reduce-scatter that the XLA CPU pipeline leaves unfused
-    (XLA's GPU ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it), so it is
-    read as one."""
+    dynamic-slice, or calls a computation holding one, and either its result is at most
+    1/group-size of the all-reduce's size or the dynamic-slice cuts a value of the all-reduce's size
+    down to that (XLA fuses the slice into the next ops, e.g. a LayerNorm's reductions or a
+    projection of the kept rows). That pair is a reduce-scatter that the XLA CPU pipeline leaves
+    unfused (XLA's GPU ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it),
+    so it is read as one."""
     users: dict[str, list[tuple[str, str]]] = {name: [] for name in group_size}
     sizes: dict[str, int] = {}
-    cuts: dict[str, list[tuple[int, int]]] = {}  # computation -> (operand size, result size) of its dynamic-slices
-    current: list[tuple[int, int]] = []
-    local: dict[str, int] = {}
+    bodies: dict[str, list[str]] = {}
+    cuts: dict[str, set[tuple[int, int]]] = {}  # computation -> (operand, result) sizes of its dynamic-slices
+    current: list[str] = []
+    computation, local = "", {}
     for line in hlo_text.splitlines():
         head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
         if head:
-            current, local = cuts.setdefault(head.group(1), []), {}
+            computation, local = head.group(1), {}
+            current = bodies.setdefault(computation, [])
+        current.append(line)
         m = _DEF.match(line)
         if not m:
             continue
         sizes[m.group("name")] = local[m.group("name")] = _numel(m.group("shape"))
         if m.group("op") == "dynamic-slice":
-            first = re.findall(r"%([\w.\-]+)", m.group("operands"))[:1]
-            current.append((local.get(first[0], 0) if first else 0, local[m.group("name")]))
+            operand = re.findall(r"%([\w.\-]+)", m.group("operands"))[:1]
+            cut = (local.get(operand[0], 0) if operand else 0, local[m.group("name")])
+            cuts.setdefault(computation, set()).add(cut)
         for o in re.findall(r"%([\w.\-]+)", m.group("operands")):
             if o in users:
                 users[o].append((m.group("shape"), line))
+    # Computations holding a dynamic-slice, directly or through the computations they call: XLA CPU
+    # wraps large fusions in a `call` of an outlined parallel computation (to_apply=) around them.
+    calls = {name: {c for b in body for c in _callees(b)} for name, body in bodies.items()}
+    grew = True
+    while grew:
+        grew = False
+        for name, callees in calls.items():
+            more = set().union(*(cuts.get(c, set()) for c in callees)) - cuts.setdefault(name, set())
+            if more:
+                cuts[name] |= more
+                grew = True
 
     def slicing(name: str, shape: str, line: str) -> bool:
         group, whole = group_size[name], sizes.get(name, 0)
         if " dynamic-slice(" in line:
             return _kept_slice(_numel(shape), group, whole)
-        called = re.search(r"calls=%([\w.\-]+)", line)
-        return called is not None and any(
-            src == whole and _kept_slice(kept, group, whole) for src, kept in cuts.get(called.group(1), ())
+        held = set().union(*(cuts.get(c, set()) for c in _callees(line)))
+        return bool(held) and (
+            _kept_slice(_numel(shape), group, whole)
+            or any(src == whole and _kept_slice(k, group, whole) for src, k in held)
         )
 
     return {name for name, uses in users.items() if uses and all(slicing(name, shape, line) for shape, line in uses)}
@@ -197,3 +231,106 @@ def main_module(paths: Iterable[Path]) -> Path:
     if not paths:
         raise FileNotFoundError("no *after_optimizations.txt files were dumped; is XLA_FLAGS=--xla_dump_to set?")
     return max(paths, key=lambda p: p.stat().st_size)
+
+
+# --- matmul FLOPs -------------------------------------------------------------------------------------
+
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?(?P<name>[\w.\-]+)\s+\(.*\{\s*$")
+
+
+@dataclass(frozen=True)
+class HloMatmul:
+    """One dot or convolution: FLOPs per device per execution, and how often it runs per call."""
+
+    kind: str  # dot | convolution
+    name: str
+    shape: str
+    flops: int
+    count: int = 1
+
+
+def _dims(shape: str) -> list[int]:
+    m = _ARRAY.search(shape)
+    if m is None:
+        raise ValueError(f"not an array shape: {shape!r}")
+    return [int(d) for d in m.group("dims").split(",") if d]
+
+
+def _operand_names(operands: str) -> list[str]:
+    return re.findall(r"%([\w.\-]+)", re.sub(r"/\*.*?\*/", "", operands))
+
+
+def _int_list(rest: str, key: str) -> list[int]:
+    m = re.search(rf"\b{key}=\{{([\d,]*)\}}", rest)
+    return [int(x) for x in m.group(1).split(",") if x] if m else []
+
+
+def _matmul_flops(op: str, shape: str, operand_shapes: list[str], rest: str) -> int:
+    out = math.prod(_dims(shape))
+    if op == "dot":
+        lhs = _dims(operand_shapes[0])
+        return 2 * out * math.prod(lhs[d] for d in _int_list(rest, "lhs_contracting_dims"))
+    m = re.search(r"dim_labels=\w+_(\w+)->", rest)
+    if m is None:
+        raise ValueError(f"convolution without dim_labels: {rest[:120]!r}")
+    rhs = _dims(operand_shapes[1])
+    return 2 * out * math.prod(rhs) // rhs[m.group(1).index("o")]  # per output: kernel window × input features
+
+
+@dataclass(frozen=True)
+class HloInstr:
+    name: str
+    shape: str
+    op: str
+    operands: tuple[str, ...]
+    rest: str  # the text after the operand list: attributes, calls=, to_apply=, ...
+
+
+def parse_computations(hlo_text: str) -> tuple[str, dict[str, list[HloInstr]]]:
+    """(entry computation name, computation name -> its instructions in order) of one HLO module."""
+    computations: dict[str, list[HloInstr]] = {}
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        head = _COMPUTATION.match(line)
+        if head and "=" not in line.split("(")[0]:
+            current = head.group("name")
+            computations[current] = []
+            if line.startswith("ENTRY"):
+                entry = current
+            continue
+        m = _DEF.match(line)
+        if m and current is not None:
+            operands = tuple(_operand_names(m.group("operands")))
+            computations[current].append(
+                HloInstr(m.group("name"), m.group("shape"), m.group("op"), operands, line[m.end() :])
+            )
+    if entry is None:
+        raise ValueError("no ENTRY computation in the HLO text")
+    return entry, computations
+
+
+def parse_matmuls(hlo_text: str) -> list[HloMatmul]:
+    """Every dot and convolution of an HLO module with its FLOPs per device, ``count`` = executions
+    per call of the entry computation. Raises ValueError on a ``while`` loop (unknown trip count)."""
+    entry, computations = parse_computations(hlo_text)
+    runs: dict[str, int] = {}
+
+    def visit(name: str, times: int) -> None:
+        runs[name] = runs.get(name, 0) + times
+        for instr in computations.get(name, []):
+            if instr.op == "while":
+                raise ValueError(f"{instr.name}: a while loop; its trip count is not in the HLO text")
+            for callee in _callees(instr.rest):
+                visit(callee, times)
+
+    visit(entry, 1)
+    out = []
+    for comp, instrs in computations.items():
+        if not runs.get(comp):
+            continue
+        shapes = {i.name: i.shape for i in instrs}
+        for i in instrs:
+            if i.op in ("dot", "convolution"):
+                flops = _matmul_flops(i.op, i.shape, [shapes[n] for n in i.operands], i.rest)
+                out.append(HloMatmul(i.op, i.name, i.shape.strip(), flops, runs[comp]))
+    return out

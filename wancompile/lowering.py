@@ -368,10 +368,7 @@ class ShardedProgram:
             ),
             None,
         )
-        xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
-        if self.fold is not None:
-            xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
-            xla_args += self._folded(args, xla_args)
+        xla_args = self.program_args(args)
         signature = self._signature(xla_args)
         replay = self._replays.get(signature) if self._host_moves is None else None
         if replay is not None:
@@ -399,6 +396,16 @@ class ShardedProgram:
         if host is None:
             return out
         return _to_host(out, host)
+
+    def program_args(self, args: Sequence[Any]) -> list[Any]:
+        """The lowered program's arguments for a call with the graph's inputs `args`: on the device,
+        parameters sharded and cached, the fold program's values appended (it runs if they are stale).
+        ``self.lowered(*program_args(args))`` traces the program without running it."""
+        xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
+        if self.fold is not None:
+            xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
+            xla_args += self._folded(args, xla_args)
+        return xla_args
 
     def _signature(self, xla_args: Sequence[Any]) -> tuple:
         """What a replay is specialised to beyond dynamo's own guards: the sizes of the inputs that are

@@ -1,0 +1,103 @@
+"""What an option costs, the half of planning the DiT and the VAE planners share.
+
+A model family (`planner.autoplan` for the DiT, `planner.vae_plan` for the VAE) finds its macros and
+lists their options; this module prices them the same way for both:
+
+- `evaluate_option`: the op rules run over a macro's ops under one option (its parameter layouts,
+  the layouts of the stream values it reads, the constraints it places);
+- `param_bytes`: per-device bytes of a macro's parameters under an option's layouts;
+- `activation_bytes`: the memory model's activation estimate, ``ACTIVATION_FACTOR`` × the largest
+  per-op live set of the option's ops (`planner.propagate.Evaluation.peak_bytes`; the factor is
+  constraint (d) of `planner.ilp`);
+- `option`: the ILP's `Option` of an evaluated option (integer nanoseconds; KiB rounded *up*, so
+  constraint (d) never undercounts the plan's own memory prediction);
+- `reshard_seconds`: the price of a stream value moving between two layouts (an ILP edge);
+- `collectives`: the plan's collective list from counted events (one `Collective` per kind, axes,
+  bytes and place; axes in mesh order, as the HLO's replica groups name them).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Hashable, Iterable, Mapping, Optional
+
+from planner.collective import Collective
+from planner.cost_model import collective_seconds, to_ns
+from planner.graph import Graph, TensorMeta
+from planner.hardware import HardwareProfile
+from planner.ilp import Option
+from planner.mesh import MeshSpec
+from planner.placements import Layout, as_number, local_shape, numel
+from planner.propagate import Evaluation, evaluate, redistribute
+
+KIB = 1024
+
+# Live at once around the largest op: its inputs and output (the live set), the residual stream they
+# came from, and one fused temporary. An estimate; tests/test_vae_budget.py checks it bounds the
+# measured peak within 2.5x.
+ACTIVATION_FACTOR = 3
+
+
+def evaluate_option(
+    graph: Graph,
+    nodes: Iterable[str],
+    mesh: MeshSpec,
+    hw: HardwareProfile,
+    *,
+    params: Mapping[str, Layout],
+    stream: Mapping[str, Layout],
+    forced: Mapping[str, Layout],
+    values: Mapping[str, int],
+    base: Optional[Mapping] = None,
+) -> Evaluation:
+    """Run the rules over `nodes` with the option's parameter layouts, the stream values it reads in
+    `stream`'s layouts, its constraints `forced`; any other outside value as in `base` (else whole)."""
+    nodes = list(nodes)
+    inside = set(nodes)
+    boundary = {k: v for k, v in (base or {}).items() if k not in inside}
+    boundary.update({p: (lay,) for p, lay in params.items()})
+    boundary.update({x: (lay,) for x, lay in stream.items()})
+    return evaluate(graph, [graph[x] for x in nodes], mesh, hw, boundary=boundary, forced=forced, values=values)
+
+
+def local_bytes(meta: TensorMeta, layout: Optional[Layout], mesh: MeshSpec, values: Mapping[str, int]) -> float:
+    return as_number(numel(local_shape(meta.shape, layout, mesh)), dict(values)) * meta.itemsize
+
+
+def param_bytes(
+    graph: Graph, params: Iterable[str], layouts: Mapping[str, Layout], mesh: MeshSpec, values: Mapping[str, int]
+) -> float:
+    """Per-device bytes of the parameter placeholders `params` laid out as `layouts` (absent: whole)."""
+    return sum(local_bytes(graph[p].out, layouts.get(p), mesh, values) for p in params)
+
+
+def activation_bytes(ev: Evaluation) -> float:
+    return ACTIVATION_FACTOR * ev.peak_bytes
+
+
+def option(name: str, key: Hashable, ev: Evaluation, weights: float, once_ns: int = 0) -> Option:
+    """The ILP option of an evaluated macro option holding `weights` parameter bytes per device."""
+    return Option(
+        name, key, to_ns(ev.seconds), once_ns, math.ceil(weights / KIB), math.ceil(activation_bytes(ev) / KIB)
+    )
+
+
+def reshard_seconds(
+    meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec, hw: HardwareProfile, values: Mapping[str, int]
+) -> float:
+    if actual == required:
+        return 0.0
+    return sum(
+        collective_seconds(kind, as_number(numel(shape), dict(values)) * meta.itemsize, axes, mesh, hw)
+        for kind, axes, shape in redistribute(meta, actual, required, mesh)
+    )
+
+
+def collectives(events: Counter, mesh: MeshSpec) -> tuple[Collective, ...]:
+    """``{(kind, axes, bytes, where): count}`` -> the plan's collectives, sorted by place."""
+    order = {a: i for i, a in enumerate(mesh.axis_names)}
+    return tuple(
+        Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
+        for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
+    )
