@@ -535,9 +535,26 @@ class _Ctx:
             forced_block.update(s.forced)
             # a packed weight (planner.packing) is pinned where the packing ends: the fold program's output
             forced_block.update({x.node: s.params[x.node] for x in m.packed})
-        for a, b, l_sig in self._sigma_changes(chosen):
-            if self._read_only_by(a, l_sig, chosen):
-                forced_block[a] = self.stream(l_sig)
+        # (node, layout, reason) in order; a node may be pinned twice (then changed in place)
+        pins = [(x, lay, _reason(self.g, self.g[x])) for x, lay in forced_block.items()]
+        copies: list[tuple[str, int, Layout]] = []  # (reader, input index, layout of its copy)
+        changes = self._sigma_changes(chosen)
+        out_changed = any(readers is None for *_, readers in changes)
+        for a, b, l_sig, readers in changes:
+            if readers is None:
+                # the block output: pinned where it is made (else GSPMD moves the change back into the
+                # last macro's glue), then changed in place: all its readers are in the next block
+                pins += [(a, self.stream(b), _MADE), (a, self.stream(l_sig), _CHANGED)]
+            else:
+                # pinned where it is made, so that the copy the readers in the other macro get cannot
+                # move its layout back into the producing macro (GSPMD propagates a constraint backwards)
+                if a == self.st.entry:  # in block 0 the entry's own pin; in later blocks the block output
+                    if not out_changed:
+                        pins.append((self.st.block_output, self.stream(b), _MADE))
+                        out_changed = True
+                elif a not in forced_block:
+                    pins.append((a, self.stream(b), _MADE))
+                copies += [(r, i, self.stream(l_sig)) for r, i in readers]
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
@@ -546,7 +563,9 @@ class _Ctx:
         params = self._params(chosen)
         self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
         self._split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
-        acts = self._activations(forced_block, sigma0)
+        if self._split_stream:
+            pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen) if x not in forced_block]
+        acts = self._activations(pins, sigma0, copies)
         memory = _weight_bytes(self.g, params, self.mesh, self.vals, self.n, self.copies)
         act_peak = max(
             ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
@@ -583,35 +602,45 @@ class _Ctx:
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
-    def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple]]:
-        """Stream values crossing into a macro with another stream key: (producer, from, to)."""
-        out, seen = [], set()
+    def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
+        """Stream values crossing into a macro with another stream key: (producer, from, to, readers), one
+        per value and reading macro; readers = the (node, input index) pairs of that macro that read
+        it, None for the block output (all its readers are in the next block: changed in place)."""
+        out = []
         macros = self.st.block_macros
         first = macros[0]
         key = {m.name: chosen[m.name].stream for m in macros}
         if key[macros[-1].name] != key[first.name]:
-            out.append((self.st.block_output, key[macros[-1].name], key[first.name]))
-            seen.add(self.st.block_output)
+            out.append((self.st.block_output, key[macros[-1].name], key[first.name], None))
         for m in macros:
             for x in self.crossing(m):
                 src = first.name if x == self.st.entry else self.macro_of.get(x, first.name)
-                if x not in seen and key[src] != key[m.name]:
-                    out.append((x, key[src], key[m.name]))
-                    seen.add(x)
+                if key[src] != key[m.name]:
+                    readers = [(n, i) for n in m.nodes for i, inp in enumerate(self.g[n].inputs) if inp == x]
+                    out.append((x, key[src], key[m.name], readers))
         return out
 
-    def _read_only_by(self, x: str, key, chosen) -> bool:
-        """Whether every macro reading stream value `x` reads it in stream layout `key`: only then
-        is the change pinned where `x` is made. A value read in two layouts (the residual stream
-        that one macro normalises and the next one adds back) keeps its producer's layout, and each
-        consumer reslices it (a second constraint on it, measured, made GSPMD split the block-stack
-        entry for the later macro and gather it back for the first)."""
-        readers = set()
-        for u in self.g.users(x):
-            m = self.macro_of.get(u.name)
-            readers.add(chosen[m].stream if m is not None else None)
-        first = chosen[self.st.block_macros[0].name].stream
-        return {first if r is None else r for r in readers} <= {key}
+    def _modulation(self, chosen) -> list[tuple[str, Layout]]:
+        """Block values that do not depend on the stream (the adaLN modulation: the block's table
+        plus the timestep projection, chunked) read by ops that do, with the layout the chosen
+        option of their macro gives them. With the stream split on hidden in one macro and whole in
+        another, GSPMD propagated the split backwards into the shared chunk and all-gathered the other
+        macro's vectors (measured: 3 per block on 2x4); pinned, each use slices its own."""
+        block = [n for n in self.g if n.block == 0 and n.op != "placeholder"]
+        dependent = {self.st.entry}
+        for n in block:
+            if any(i in dependent for i in n.inputs):
+                dependent.add(n.name)
+        out = []
+        for n in block:
+            m = self.macro_of.get(n.name)
+            if n.name in dependent or not n.outputs or m is None:
+                continue
+            if any(u.name in dependent for u in self.g.users(n.name)):
+                lay = self.evals[m, chosen[m].name].layouts.get(n.name)
+                if lay and lay[0] is not None:
+                    out.append((n.name, lay[0]))
+        return out
 
     def _side_inputs(self) -> list[str]:
         """Non-parameter values made before the block stack that block 0 or the epilogue read,
@@ -666,7 +695,9 @@ class _Ctx:
                     out.setdefault(f"blocks.{k}." + name[len("blocks.0.") :], out[name])
         return out
 
-    def _activations(self, forced: dict[str, Layout], sigma0) -> tuple[ActivationConstraint, ...]:
+    def _activations(self, pins, sigma0, copies) -> tuple[ActivationConstraint, ...]:
+        """Constraints: `pins` (node, layout, reason) in place after the op, `copies` (reader, input index,
+        layout) on a reader's input; block nodes are written for every block."""
         entry = self.g[self.st.entry]
         acts = [
             ActivationConstraint(
@@ -685,20 +716,34 @@ class _Ctx:
             acts.insert(
                 0, ActivationConstraint(src.location, whole, src.out.shape, reason="tokens whole before SP padding")
             )
-        for name, lay in forced.items():
-            node = self.g[name]
+
+        def per_block(node) -> list:
             if node.block is None:
-                acts.append(
-                    ActivationConstraint(node.location, lay.to_spec(), node.out.shape, reason=_reason(self.g, node))
-                )
-                continue
-            for k in range(self.n):
-                loc = type(node.location)(
+                return [node.location]
+            return [
+                type(node.location)(
                     re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module),
                     node.location.op,
                     node.location.occurrence,
                 )
-                acts.append(ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=_reason(self.g, node)))
+                for k in range(self.n)
+            ]
+
+        for name, lay, why in pins:
+            node = self.g[name]
+            acts += [ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=why) for loc in per_block(node)]
+        for name, i, lay in copies:
+            node, value = self.g[name], self.g[self.g[name].inputs[i]]
+            acts += [
+                ActivationConstraint(
+                    loc,
+                    lay.to_spec(),
+                    value.out.shape,
+                    input=i,
+                    reason="stream read in this macro's layout (a copy: the producing macro keeps its own)",
+                )
+                for loc in per_block(node)
+            ]
         if any(s for s in self._sigmas):
             from planner.hand_plans import _rope_tables
 
@@ -764,6 +809,11 @@ def _weight_bytes(graph: Graph, specs: Mapping, mesh: MeshSpec, values, num_bloc
     return (whole + block0 * (num_blocks - 1)) * copies
 
 
+_MADE = "stream value pinned where it is made, in its macro's layout (another macro reads it in another)"
+_CHANGED = "stream layout change between blocks (the next block's first macro)"
+_MODULATION = "block value independent of the stream (adaLN modulation), kept in its planned layout"
+
+
 def _reason(graph: Graph, node) -> str:
     if packed_operand(graph, node.name) is not None:
         return "packed projection weight (folded once per weight version): its sources carry the same spec"
@@ -797,13 +847,12 @@ def price_plan(
     n = num_blocks or st.captured_blocks
     vals = dict(values or {})
     mesh = plan.mesh
-    by_loc = graph.by_location()
-    forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
+    forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     b0 = [x for x in graph if x.block == 0 and x.op != "placeholder"]
     pro = [graph[x] for x in st.prologue]
     epi_in = {}
-    ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
     out_lay = ev_pre.layouts[st.block_output]
     for x in st.epilogue:
         for i in graph[x].inputs:
@@ -816,6 +865,7 @@ def price_plan(
         hw,
         boundary={**ev_pre.layouts, **boundary, **epi_in},
         forced=forced,
+        forced_inputs=copies,
         values=vals,
     )
     b0_names = {x.name for x in b0}
@@ -828,9 +878,10 @@ def price_plan(
         hw,
         boundary={k: v for k, v in {**ev_pre.layouts, **boundary}.items() if k not in b0_names},
         forced=forced,
+        forced_inputs=copies,
         values=vals,
     )
-    ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, values=vals)
+    ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
     compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
     memory = _weight_bytes(graph, plan.params, mesh, vals, n, weight_copies)
     memory += pricing.ACTIVATION_FACTOR * max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes)

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Optional
 from planner.collective import Collective
 from planner.graph import Graph, Location
 from planner.mesh import MeshError, MeshSpec, PartitionSpec, normalize_spec
-from planner.placements import Guard, check_spec
+from planner.placements import Guard, Layout, check_spec
 
 # 2: typed decisions (options, exclusions, cost split, block-generic scope as data) replaced the
 # prose ``note``; collectives may carry ``reason``/``seconds``.
@@ -63,16 +63,21 @@ class SolverTimeout(PlanError):
 
 @dataclass(frozen=True)
 class ActivationConstraint:
-    """Constrain output ``output`` of the op at ``location`` to ``spec``."""
+    """Constrain output ``output`` of the op at ``location`` to ``spec`` (in place: every reader of
+    the value sees the constrained layout; several on one op apply in order). With ``input`` set,
+    the op at ``location`` reads its ``input``-th input (graph order) through a copy constrained to
+    ``spec`` instead: the value's other readers keep their layout (a stream value read by two
+    macros with different layouts); readers of one value with the same spec share one copy."""
 
     location: Location
     spec: PartitionSpec
     shape: tuple[Any, ...] = ()
     output: int = 0
     reason: str = ""
+    input: Optional[int] = None
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "node": str(self.location),
             "module": self.location.module,
             "output": self.output,
@@ -80,6 +85,9 @@ class ActivationConstraint:
             "spec": spec_to_json(self.spec),
             "reason": self.reason,
         }
+        if self.input is not None:
+            out["input"] = self.input
+        return out
 
     @classmethod
     def from_json(cls, d: Mapping) -> "ActivationConstraint":
@@ -89,6 +97,7 @@ class ActivationConstraint:
             tuple(d.get("shape", ())),
             int(d.get("output", 0)),
             d.get("reason", ""),
+            int(d["input"]) if d.get("input") is not None else None,
         )
 
 
@@ -517,12 +526,21 @@ class Plan:
                     f"plan constrains {c.location}, but the captured graph has no such op. The plan was made for a "
                     f"different model structure or rewrite set; re-plan, or keep the `rewrites` option it was made with."
                 )
-            if c.output >= len(node.outputs):
+            if c.input is not None:
+                if not 0 <= c.input < len(node.inputs) or not graph[node.inputs[c.input]].outputs:
+                    raise PlanError(
+                        f"plan constrains input {c.input} of {c.location}, which has no such tensor input "
+                        f"({len(node.inputs)} input(s)); re-plan for this model"
+                    )
+                shape = graph[node.inputs[c.input]].out.shape
+            elif c.output >= len(node.outputs):
                 raise PlanError(
                     f"plan constrains output {c.output} of {c.location}, which has {len(node.outputs)} output(s)"
                 )
+            else:
+                shape = node.outputs[c.output].shape
             try:
-                check_spec(c.spec, node.outputs[c.output].shape, self.mesh, f"plan activation {c.location}")
+                check_spec(c.spec, shape, self.mesh, f"plan activation {c.location}")
             except MeshError as e:
                 raise PlanError(str(e)) from None
 
@@ -551,6 +569,22 @@ class Plan:
             )
 
     # --- summaries -------------------------------------------------------------------------------
+
+    def constraint_layouts(self, graph: Graph) -> tuple[dict[str, Layout], dict[tuple[str, int], Layout]]:
+        """The activation constraints as `planner.propagate.evaluate` takes them: node name -> layout of
+        its output (the last one where a node has several), and (node name, input index) -> layout of
+        the copy of that input the node reads."""
+        by_loc = graph.by_location()
+        forced: dict[str, Layout] = {}
+        inputs: dict[tuple[str, int], Layout] = {}
+        for a in self.activations:
+            if a.location not in by_loc:
+                continue
+            if a.input is None:
+                forced[by_loc[a.location].name] = Layout.from_spec(a.spec)
+            else:
+                inputs[(by_loc[a.location].name, a.input)] = Layout.from_spec(a.spec)
+        return forced, inputs
 
     def sharded_params(self) -> dict[str, PartitionSpec]:
         return {k: v for k, v in self.params.items() if any(e is not None for e in v)}

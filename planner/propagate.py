@@ -4,14 +4,16 @@
 says which input layouts it needs and what it produces. Where an actual layout differs from the
 required one the engine inserts a redistribution and prices it with the cost model:
 
-- an axis dropped from a dim: all-gather (result bytes), grouped per dim;
+- an axis dropped from the minor end of a dim: all-gather (result bytes), grouped per dim;
 - an axis moved from one dim to another: all-to-all (operand bytes);
-- an axis added: a local slice, free;
+- an axis added at the minor end of a dim: a local slice, free;
 - partial sums dropped: all-reduce (operand bytes); dropped onto a dim the required layout splits
   over the same axes: reduce-scatter (operand bytes) — what XLA's GPU ``ReduceScatterCreator`` and
   tt-mlir's Shardy CCL canonicalisation make of GSPMD's all-reduce + dynamic-slice (the XLA CPU
   pipeline leaves the pair; `wancompile.hlo` reads it as the reduce-scatter it is);
-- the same axes in another order on a dim: collective-permute.
+- a dim whose axes change in another order (the same axes reordered, ``(model)`` -> ``(batch,
+  model)``, ``(batch)`` -> ``(model)``, ...): the tiles live on other devices, and GSPMD moves them
+  with a collective-permute (plus an all-gather when the split gets coarser), `_reshard_dim`.
 
 Forced layouts (the plan's activation constraints, the strategies' choices) are applied after the
 op that produces them, exactly as the lowering inserts ``mark_sharding`` after that op. The result
@@ -29,7 +31,7 @@ from planner.cost_model import collective_seconds, op_seconds
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
-from planner.placements import Guard, Layout, as_number, local_shape, numel
+from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
 from planner.rules import OpView, rule_for
 
 Layouts = tuple[Layout, ...]
@@ -83,16 +85,38 @@ def redistribute(
         for a in moved:
             dims[dst[a]] = dims[dst[a]] + (a,)
         cur = Layout(tuple(dims), cur.partial)
-    for d, axes in enumerate(cur.dims):
-        gone = tuple(a for a in axes if a not in dst)
-        if gone:
-            cur = cur.with_dim(d, tuple(a for a in axes if a in dst))
-            out.append(("all-gather", gone, local_shape(meta.shape, cur, mesh)))
-    for d, axes in enumerate(cur.dims):
-        want = tuple(a for a in required.dims[d] if a in axes)
-        if axes and set(axes) == set(want) and axes != want:
-            out.append(("collective-permute", tuple(axes), local_shape(meta.shape, cur, mesh)))
+    for d in range(cur.ndim):
+        steps, cur = _reshard_dim(meta, cur, d, required.dims[d], mesh)
+        out.extend(steps)
     return out
+
+
+def _reshard_dim(meta: TensorMeta, cur: Layout, d: int, want: tuple[str, ...], mesh: MeshSpec):
+    """One dim from ``cur.dims[d]`` (S) to `want` (D), as GSPMD reshards it (measured on 2x4 for every
+    pair of (), (batch), (model), (batch, model), (model, batch); docs/planner.md). With P their
+    common prefix: D = P + more is a local slice; S = P + more an all-gather of the rest. Otherwise
+    the tiles a device needs sit on other devices: a finer (or as fine) D is a local slice plus one
+    collective-permute of the D tiles; a coarser D is a collective-permute of the S tiles plus an
+    all-gather over the axes of S not in D. Axes are named in mesh order, as the HLO's groups are.
+    Returns (collectives, the layout with dim d = D)."""
+    have = cur.dims[d]
+    done = cur.with_dim(d, want)
+    k = next((i for i, (a, b) in enumerate(zip(have, want)) if a != b), min(len(have), len(want)))
+    if k == len(have):
+        return [], done  # nothing, or a local slice
+
+    def in_mesh_order(axes) -> tuple[str, ...]:
+        return tuple(a for a in mesh.axis_names if a in axes)
+
+    if k == len(want):
+        return [("all-gather", in_mesh_order(have[k:]), local_shape(meta.shape, done, mesh))], done
+    involved = in_mesh_order(have + want)
+    if shard_count(mesh, want) % shard_count(mesh, have) == 0:
+        return [("collective-permute", involved, local_shape(meta.shape, done, mesh))], done
+    return [
+        ("collective-permute", involved, local_shape(meta.shape, cur, mesh)),
+        ("all-gather", in_mesh_order(tuple(a for a in have if a not in want)), local_shape(meta.shape, done, mesh)),
+    ], done
 
 
 def _bytes(shape: tuple, itemsize: int, values: Optional[Mapping[str, int]]) -> int:
@@ -107,6 +131,7 @@ def evaluate(
     *,
     boundary: Mapping[str, Layouts],
     forced: Mapping[str, Layout] = {},
+    forced_inputs: Mapping[tuple[str, int], Layout] = {},
     values: Optional[Mapping[str, int]] = None,
 ) -> Evaluation:
     """Propagate layouts through `nodes` (in graph order).
@@ -115,11 +140,19 @@ def evaluate(
         boundary: layouts of values produced outside `nodes` (parameters, segment inputs); any
             other outside value is taken as replicated.
         forced: node name -> layout its (first) output is constrained to after the op.
+        forced_inputs: (node name, input index) -> layout of the copy of that input the node reads
+            (the value's other readers keep its layout), as the lowering inserts it.
         values: example sizes for symbolic dims (costs need numbers; guards keep the symbols).
     """
     ev = Evaluation()
     ev.layouts.update(boundary)
     reduced: dict[str, int] = {}  # node -> index of the all-reduce of its partial sums in ev.events
+
+    def charge(kind: str, axes: tuple[str, ...], shape: tuple, itemsize: int, where: str, reason: str) -> None:
+        nbytes = _bytes(shape, itemsize, values)
+        seconds = collective_seconds(kind, nbytes, axes, mesh, hw)
+        ev.events.append(Collective(kind, axes, nbytes, where=where, reason=reason, seconds=seconds))
+
     for node in nodes:
         if node.op in ("placeholder", "output") or node.name in boundary:
             if node.op == "placeholder" and node.name not in ev.layouts:
@@ -128,6 +161,17 @@ def evaluate(
         if not node.outputs:
             continue  # integer/size arithmetic on symbolic dims (dynamic=True): nothing to shard
         ins, metas = _inputs(graph, node, ev)
+        for i, have in enumerate(ins):
+            want = forced_inputs.get((node.name, i))
+            if want is None or have is None:
+                continue
+            where, why = (
+                str(graph[node.inputs[i]].location),
+                f"activation constraint on {node.inputs[i]} read by {node.op}",
+            )
+            for kind, axes, shape in redistribute(metas[i], have, want, mesh):
+                charge(kind, axes, shape, metas[i].itemsize, where, why)
+            ins[i] = want
         if node.op == "getitem" and ins and metas and _selects_output(graph, node):
             src = graph[node.inputs[0]]
             idx = int(node.attrs["args"][1])
@@ -147,31 +191,11 @@ def evaluate(
             if have is None or want is None or have == want:
                 continue
             for kind, axes, shape in redistribute(metas[i], have, want, mesh):
-                nbytes = _bytes(shape, metas[i].itemsize, values)
-                ev.events.append(
-                    Collective(
-                        kind,
-                        axes,
-                        nbytes,
-                        where=str(node.location),
-                        reason=f"{node.inputs[i]} for {node.op}",
-                        seconds=collective_seconds(kind, nbytes, axes, mesh, hw),
-                    )
-                )
+                charge(kind, axes, shape, metas[i].itemsize, str(node.location), f"{node.inputs[i]} for {node.op}")
         for c in res.comm:
-            nbytes = _bytes(c.shape, c.itemsize, values)
             if c.kind == "all-reduce":
                 reduced[node.name] = len(ev.events)
-            ev.events.append(
-                Collective(
-                    c.kind,
-                    c.axes,
-                    nbytes,
-                    where=str(node.location),
-                    reason=c.reason,
-                    seconds=collective_seconds(c.kind, nbytes, c.axes, mesh, hw),
-                )
-            )
+            charge(c.kind, c.axes, c.shape, c.itemsize, str(node.location), c.reason)
         outs = res.outputs
         if node.name in forced and outs:
             want = forced[node.name]
@@ -179,17 +203,7 @@ def evaluate(
             if not moves:
                 _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw)
             for kind, axes, shape in moves:
-                nbytes = _bytes(shape, node.out.itemsize, values)
-                ev.events.append(
-                    Collective(
-                        kind,
-                        axes,
-                        nbytes,
-                        where=str(node.location),
-                        reason="activation constraint",
-                        seconds=collective_seconds(kind, nbytes, axes, mesh, hw),
-                    )
-                )
+                charge(kind, axes, shape, node.out.itemsize, str(node.location), "activation constraint")
             outs = (want,) + tuple(outs[1:])
         ev.layouts[node.name] = outs
         flops = as_number(res.flops, dict(values or {}))

@@ -1,9 +1,20 @@
 """Seeded random tiny-DiT cases for tests/test_fuzz.py: a config, a mesh and a memory budget each,
-compiled through ``backend="wan_autoshard"`` and compared with eager fp32.
+compiled through ``backend="wan_autoshard"`` and checked against eager fp32 and against the plan.
+
+A case draws heads, head dim, layers, FFN width, patch size, text length, I2V image tokens
+(``image_dim`` / added K/V projections; diffusers then takes the last 512 text tokens as the prompt)
+and a latent whose token count is often odd; the mesh is one of `MESHES`, the budget the profile's
+DRAM (``ample``) or the smallest the planner accepts (``min``: the ``need_gb`` its
+`MemoryBudgetError` names for a 1e-9 GB budget; 70 % of it must be refused).
+
+`run_case` compiles one case and records everything the test judges: PCC and max-abs vs eager fp32,
+the plan's predicted collectives vs every collective of every program the first call compiled (per
+kind and mesh axes: counts and bytes), which programs those were (the model's program; the
+parameter-only fold program, which runs once per parameter version; anything else is unpredicted)
+and how many programs a second call runs.
 
 Also a script: ``python tests/fuzz_cases.py ID...`` (in a process with as many virtual devices as
-the cases' meshes) prints one ``FUZZ {json}`` line per case, for meshes other than the test
-process's 8 devices.
+the cases' meshes) prints one ``FUZZ {json}`` line per case.
 """
 
 from __future__ import annotations
@@ -12,11 +23,14 @@ import json
 import math
 import random
 import sys
-from dataclasses import asdict, dataclass
+import zlib
+from dataclasses import dataclass
 from typing import Optional
 
 MESHES = ((1, 2), (2, 1), (2, 2), (1, 4), (4, 1), (2, 4), (4, 2), (1, 8), (8, 1))
-BUDGETS = ("ample", "min", "below")  # profile DRAM; the minimum the planner names; 70% of it (must be refused)
+BUDGETS = ("ample", "min")
+I2V_TEXT = 512  # diffusers' WanAttnProcessor splits encoder states at len - 512 (image tokens first)
+IMAGE_DIM = 16
 
 
 @dataclass(frozen=True)
@@ -26,9 +40,12 @@ class FuzzCase:
     head_dim: int
     layers: int
     ffn: int
-    latent: tuple[int, int, int]  # (T, H, W) of the latent; tokens = T * H/2 * W/2
+    latent: tuple[int, int, int]  # (T, H, W) of the latent
     mesh: tuple[int, ...]
-    budget: str
+    budget: str  # ample | min
+    patch: tuple[int, int, int] = (1, 2, 2)
+    text: int = 7  # prompt tokens
+    image: int = 0  # I2V image-embedding tokens (0: text-to-video)
 
     @property
     def devices(self) -> int:
@@ -36,8 +53,37 @@ class FuzzCase:
 
     @property
     def tokens(self) -> int:
-        t, h, w = self.latent
-        return t * (h // 2) * (w // 2)
+        return math.prod(n // p for n, p in zip(self.latent, self.patch))
+
+
+def case(
+    prefix: str,
+    heads: int,
+    head_dim: int,
+    layers: int,
+    ffn: int,
+    latent: tuple[int, int, int],
+    mesh: tuple[int, ...],
+    budget: str,
+    patch: tuple[int, int, int] = (1, 2, 2),
+    text: int = 7,
+    image: int = 0,
+) -> FuzzCase:
+    """A case whose id spells out every field (so a failing id is a reproduction)."""
+    parts = [
+        prefix,
+        "x".join(map(str, mesh)),
+        f"{heads}h{head_dim}",
+        f"L{layers}",
+        f"ffn{ffn}",
+        "lat" + "x".join(map(str, latent)),
+        "p" + "".join(map(str, patch)),
+        f"txt{text}",
+    ]
+    if image:
+        parts.append(f"img{image}")
+    parts.append(budget)
+    return FuzzCase("-".join(parts), heads, head_dim, layers, ffn, latent, mesh, budget, patch, text, image)
 
 
 def make_cases(seed: int = 2026, n: int = 36) -> list[FuzzCase]:
@@ -45,92 +91,155 @@ def make_cases(seed: int = 2026, n: int = 36) -> list[FuzzCase]:
     out = []
     for i in range(n):
         mesh = MESHES[i % len(MESHES)]
-        budget = BUDGETS[(i // len(MESHES) + i) % len(BUDGETS)]
+        budget = BUDGETS[(i // len(MESHES)) % len(BUDGETS)]  # each mesh at both budgets
         heads = rng.choice((1, 2, 3, 4, 5, 6, 8, 12))
-        head_dim = rng.choice((8, 12, 16))
-        latent = (rng.choice((1, 2, 3, 5)), rng.choice((2, 4, 6)), rng.choice((2, 4, 6, 8)))
+        head_dim = rng.choice((4, 8, 12, 16))
+        layers = rng.choice((1, 2))
         ffn = rng.choice((24, 40, 96, 200))
-        out.append(
-            FuzzCase(
-                f"f{i:02d}-{'x'.join(map(str, mesh))}-{heads}h{head_dim}-L{rng.choice((1, 2))}-{budget}",
-                heads,
-                head_dim,
-                0,
-                ffn,
-                latent,
-                mesh,
-                budget,
-            )
-        )
-    # layers drawn in the id above; read back so the id and the field agree
-    return [
-        FuzzCase(c.id, c.heads, c.head_dim, int(c.id.split("-L")[1].split("-")[0]), c.ffn, c.latent, c.mesh, c.budget)
-        for c in out
-    ]
+        patch = rng.choice(((1, 2, 2), (1, 2, 2), (1, 1, 1), (2, 2, 2)))
+        frames = rng.choice((2, 4) if patch[0] == 2 else (1, 2, 3, 5))
+        sizes = (2, 4, 6, 8) if patch[1] == 2 else (1, 2, 3, 5)
+        latent = (frames, rng.choice(sizes), rng.choice(sizes))
+        image = rng.choice((0, 0, 0, 3, 6))
+        text = I2V_TEXT if image else rng.choice((1, 5, 7, 16))
+        out.append(case(f"f{i:02d}", heads, head_dim, layers, ffn, latent, mesh, budget, patch, text, image))
+    return out
 
 
-# The issue's case: 12 heads, ffn 200 on 8x4 at the smallest accepted budget once emitted a
-# 200-row weight split 32 ways (now excluded before the solve).
-ILLEGAL_SPLIT = FuzzCase("illegal-split-8x4-12h4-ffn200-min", 12, 4, 2, 200, (3, 8, 8), (8, 4), "min")
+# The issue's reshard cases (issue 11, point 4), each once mispredicted:
+FIXED = (
+    # 12 heads, 72 tokens, 2x4 at the smallest budget: SP axes mix across macros (batch, model,
+    # batch x model); GSPMD reorders devices between the (batch, model) and (model, batch) tilings
+    case("mixed-sp", 12, 8, 2, 40, (2, 12, 12), (2, 4), "min"),
+    # 1x2, 3 heads, 12 tokens
+    case("1x2-3h", 3, 8, 2, 200, (3, 4, 4), (1, 2), "min"),
+    # 2x2, a 3-token input
+    case("3tok", 4, 8, 2, 24, (1, 2, 6), (2, 2), "min"),
+)
+
+# 12 heads, ffn 200 on 8x4 at the smallest accepted budget once emitted a 200-row weight split 32
+# ways (now excluded before the solve).
+ILLEGAL_SPLIT = case("illegal-split", 12, 4, 2, 200, (3, 8, 8), (8, 4), "min")
+
+
+def build(c: FuzzCase):
+    """(model, inputs) of a case: random weights and inputs, seeded by the case id."""
+    import torch
+
+    from wancompile.models import build_transformer
+
+    extra = {"image_dim": IMAGE_DIM, "added_kv_proj_dim": c.heads * c.head_dim} if c.image else {}
+    model = build_transformer(
+        "tiny",
+        num_attention_heads=c.heads,
+        attention_head_dim=c.head_dim,
+        num_layers=c.layers,
+        ffn_dim=c.ffn,
+        patch_size=c.patch,
+        **extra,
+    )
+    g = torch.Generator().manual_seed(zlib.crc32(c.id.encode()))
+    inputs = {
+        "hidden_states": torch.randn(1, 4, *c.latent, generator=g),
+        "timestep": torch.tensor([500]),
+        "encoder_hidden_states": torch.randn(1, c.text, 32, generator=g),
+    }
+    if c.image:
+        inputs["encoder_hidden_states_image"] = torch.randn(1, c.image, IMAGE_DIM, generator=g)
+    return model, inputs
+
+
+def _executions() -> int:
+    """XLA programs run so far in this process (torch_xla's metric)."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    xm.wait_device_ops()  # the metric is recorded when an (asynchronous) execution ends
+    data = met.metric_data("ExecuteReplicatedTime")
+    return data[0] if data else 0
+
+
+def _unwrap(e: Exception) -> Exception:
+    return getattr(e, "inner_exception", None) or e  # the backend's error arrives wrapped by dynamo
 
 
 def run_case(c: FuzzCase) -> dict:
-    """Compile and run one case; returns {"id", "outcome": "pcc" | "error", ...}."""
+    """Compile and run one case; returns {"id", "outcome": "pcc" | "error", ...} (module doc)."""
     import torch
 
     from planner.plan import MemoryBudgetError
-    from wancompile.models import build_transformer
-    from wancompile.verify import numerics, run_with_backend
+    from wancompile import hlo, runtime
+    from wancompile.backend import last_program
+    from wancompile.verify import compare_collectives, numerics, run_with_backend
 
-    model = build_transformer(
-        "tiny", num_attention_heads=c.heads, attention_head_dim=c.head_dim, num_layers=c.layers, ffn_dim=c.ffn
-    )
-    g = torch.Generator().manual_seed(hash(c.id) % 2**31)
-    t, h, w = c.latent
-    inputs = {
-        "hidden_states": torch.randn(1, 4, t, h, w, generator=g),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, 7, 32, generator=g),
-    }
+    model, inputs = build(c)
     mesh = "x".join(map(str, c.mesh))
     row: dict = {"id": c.id, "tokens": c.tokens}
 
-    def compile_once(memory_gb: Optional[float]):
-        return run_with_backend(
-            model, inputs, reference=False, mesh=mesh, **({"memory_gb": memory_gb} if memory_gb is not None else {})
-        )
+    def refusal(memory_gb: float) -> Optional[Exception]:
+        try:
+            run_with_backend(model, inputs, reference=False, mesh=mesh, memory_gb=memory_gb)
+        except Exception as e:
+            return _unwrap(e)
+        return None
 
     try:
-        memory_gb = None
-        if c.budget != "ample":
-            try:
-                compile_once(1e-9)
-                raise AssertionError("a 1e-9 GB budget planned")
-            except Exception as e:  # the backend's error arrives wrapped by dynamo
-                inner = getattr(e, "inner_exception", None) or e
-                if not isinstance(inner, MemoryBudgetError):
-                    raise
-                memory_gb = inner.need_gb if c.budget == "min" else inner.need_gb * 0.7
-                row["need_gb"] = inner.need_gb
-        out, _, program = compile_once(memory_gb)
+        options: dict = {"mesh": mesh}
+        if c.budget == "min":
+            err = refusal(1e-9)
+            if not isinstance(err, MemoryBudgetError):
+                raise err or AssertionError("a 1e-9 GB budget planned")
+            row["need_gb"] = options["memory_gb"] = err.need_gb
+            below = refusal(err.need_gb * 0.7)
+            row["below"] = type(below).__name__ if below is not None else "planned"
+        dump = runtime.current_dump_dir()
+        assert dump is not None, "the fuzz needs an HLO dump directory (XLA_FLAGS=--xla_dump_to)"
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
+        before = hlo.dump_state(dump)
         with torch.no_grad():
+            out = compiled(**inputs, return_dict=False)
+            program = last_program()
+            new = hlo.new_modules(dump, before)
+            runs = _executions()
+            compiled(**inputs, return_dict=False)
+            row["programs_per_call"] = _executions() - runs
             eager = model(**inputs, return_dict=False)
         result = numerics(out, eager)
+        main, fold = program.hlo_path, program.fold_hlo_path
+        observed = program.collectives()
+        others = [p for p in new if p not in (main, fold)]
+        for p in others:  # any other program the call compiled: its collectives are unpredicted
+            observed += hlo.parse_collectives(p.read_text(), program.plan.mesh)
         row.update(
             outcome="pcc",
             pcc=result.pcc,
             max_abs=result.max_abs,
-            strategies=sorted({d.strategy for d in program.plan.decisions}),
+            strategies={d.node: d.strategy for d in program.plan.decisions},
+            matches=[
+                m.__dict__ | {"axes": list(m.axes)} for m in compare_collectives(program.plan.collectives, observed)
+            ],
+            table=[str(m) for m in compare_collectives(program.plan.collectives, observed)],
+            other_programs=[p.name for p in others],
+            # None: XLA served the fold program from its cache (an earlier case compiled and counted it)
+            fold_collectives=len(program.fold_collectives()) if program.fold is None or fold is not None else None,
         )
     except Exception as e:  # recorded and judged by the test against the error catalogue
-        inner = getattr(e, "inner_exception", None) or e
+        inner = _unwrap(e)
         row.update(outcome="error", type=type(inner).__name__, message=str(inner)[:2000])
     return row
 
 
-ALL = {c.id: c for c in make_cases() + [ILLEGAL_SPLIT]}
+CASES = make_cases()
+ALL = {c.id: c for c in CASES + list(FIXED) + [ILLEGAL_SPLIT]}
 
 if __name__ == "__main__":
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from wancompile import runtime
+
+    runtime.configure(dump_dir=Path(tempfile.mkdtemp(prefix="wancompile-fuzz-")))
     for case_id in sys.argv[1:]:
         print("FUZZ " + json.dumps(run_case(ALL[case_id])), flush=True)
-    del asdict

@@ -5,7 +5,8 @@ The exported module is imported and applied to the unmodified diffusers model wi
 `apply_activation_sharding`), the model runs eagerly on lazy XLA tensors, and its partitioned HLO
 must hold exactly the collectives (kind, mesh axes, bytes) of the backend's program for the same
 plan, with the same outputs (PCC >= 0.99999). Plans: the tt-xla hand plan (its bill is known
-exactly: tests/test_backend.py) and an auto plan that the memory budget forces to shard.
+exactly: tests/test_backend.py), an auto plan that the memory budget forces to shard, and one whose
+macros split tokens over different axes (constraints on op inputs: copies).
 
 Each side runs in its own subprocess (this file, run as a script), so that neither can reuse the
 other's compiled program from XLA's cache.
@@ -29,7 +30,11 @@ def _plans(graph):
     mesh = parse_mesh("2x4")
     hand = tt_xla_plan(graph, mesh, model="tiny").with_(hardware="wh-loudbox")
     auto = plan_graph(graph, mesh, "wh-loudbox", memory_gb=0.00025, model="tiny")
-    return {"tt-xla": hand, "auto": auto}
+    # tokens over batch, model, batch x model in turn: stream values pinned twice and read through copies
+    only = {"attn1": r"^SP\(batch\)\+KV-gather$", "attn2": r"^SP\(model\)$", "ffn": r"^SP\(batchxmodel\)$"}
+    mixed = plan_graph(graph, mesh, "wh-loudbox", only=only, model="tiny")
+    assert any(a.input is not None for a in mixed.activations)
+    return {"tt-xla": hand, "auto": auto, "mixed": mixed}
 
 
 def test_export_module_reads_like_the_seed(tmp_path, tiny_capture):

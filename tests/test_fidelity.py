@@ -104,6 +104,51 @@ def test_compiled_collectives_are_the_plans(mesh):
             assert ["head-TP over model (8)", "4 heads do not divide into 8"] in attn1
 
 
+@pytest.mark.usefixtures("spmd")
+@pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
+def test_every_stream_reshard_is_what_the_partitioner_emits(shape):
+    """`planner.propagate.redistribute` vs GSPMD for every pair of token splits of a (1, 72, 96)
+    stream: (), each axis, both axes in either order. The value is pinned, pinned again, and read by
+    a linear pinned to the second layout; the partitioned HLO holds exactly the predicted
+    collectives, device-order collective-permutes included."""
+    import itertools
+
+    import numpy as np
+    import torch
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    from planner.graph import TensorMeta
+    from planner.mesh import MeshSpec
+    from planner.placements import Layout
+    from planner.propagate import redistribute
+    from wancompile import hlo, runtime
+
+    spec = MeshSpec(shape, ("batch", "model"))
+    mesh = xs.Mesh(np.arange(8), shape, spec.axis_names)
+    splits = [(), ("batch",), ("model",), ("batch", "model"), ("model", "batch")]
+    meta = TensorMeta((1, 72, 96), "float32")
+    dump, dev, w = runtime.current_dump_dir(), torch_xla.device(), torch.randn(96, 96).to(torch_xla.device())
+    wrong = []
+    for i, (a, b) in enumerate(itertools.permutations(splits, 2)):
+        # a distinct input width per program: XLA dumps no module for a program it has compiled before
+        k = 8 + i + 20 * (shape[0] == 4)
+        before = hlo.dump_state(dump)
+        x = torch.nn.functional.linear(torch.randn(1, 72, k).to(dev), torch.randn(96, k).to(dev)) + 1.0
+        for s in (a, b):
+            xs.mark_sharding(x, mesh, Layout(((), s, ())).to_spec())
+        y = torch.nn.functional.linear(x * 2.0, w)
+        xs.mark_sharding(y, mesh, Layout(((), b, ())).to_spec())
+        torch_xla.sync()
+        module = hlo.main_module(hlo.new_modules(dump, before))
+        got = sorted((c.kind, c.axes, c.bytes) for c in hlo.parse_collectives(module.read_text(), spec))
+        planned = redistribute(meta, Layout(((), a, ())), Layout(((), b, ())), spec)
+        want = sorted((kind, axes, int(np.prod(shp)) * 4) for kind, axes, shp in planned)
+        if got != want:
+            wrong.append(f"{a} -> {b}: compiled {got}, predicted {want}")
+    assert not wrong, "\n".join(wrong)
+
+
 # --- the subprocess -------------------------------------------------------------------------------
 
 

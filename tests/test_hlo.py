@@ -152,3 +152,37 @@ ENTRY %main (p0: f32[16,64], p1: f32[64,32]) -> f32[16,8] {
 def test_an_all_reduce_sliced_inside_an_outlined_call_is_read_as_a_reduce_scatter():
     found = [(c.kind, c.bytes) for c in parse_collectives(NESTED_SLICE_HLO, MeshSpec((1, 4), ("batch", "model")))]
     assert found == [("reduce-scatter", 16 * 32 * 4)]
+
+
+# An all-reduce whose users keep their slice inside fusions (XLA fused the slice into the next ops,
+# here a projection of the sliced row, seen with one token per device on 1x4) is the reduce-scatter
+# the plan predicts; a fusion that reads the whole sum without slicing it keeps it an all-reduce.
+FUSED_SLICE = """
+%fused_a (p0: f32[4,24], p1: u32[], w: f32[24,16]) -> f32[16] {
+  %p0 = f32[4,24]{1,0} parameter(0)
+  %b = f32[1,4,24]{2,1,0} bitcast(%p0)
+  %c = s32[] constant(0)
+  %p1 = u32[] parameter(1)
+  %i = s32[] convert(%p1)
+  %s = f32[1,1,24]{2,1,0} dynamic-slice(%b, %c, %i, %c), dynamic_slice_sizes={1,1,24}
+  %w = f32[24,16]{1,0} parameter(2)
+  ROOT %r = f32[16]{0} dot(%s, %w), lhs_contracting_dims={2}, rhs_contracting_dims={0}
+}
+
+%fused_b (q0: f32[4,24]) -> f32[24] {
+  %q0 = f32[4,24]{1,0} parameter(0)
+  ROOT %r = f32[24]{0} reduce(%q0, %z), dimensions={0}, to_apply=%add
+}
+
+ENTRY %main (x: f32[4,24], y: f32[4,24]) -> f32[1,1] {
+  %all-reduce.1 = f32[4,24]{1,0} all-reduce(%x), channel_id=1, replica_groups={{0,1,2,3}}, to_apply=%add
+  %f1 = f32[16]{0} fusion(%all-reduce.1, %pid, %w), kind=kLoop, calls=%fused_a
+  %all-reduce.2 = f32[4,24]{1,0} all-reduce(%y), channel_id=2, replica_groups={{0,1,2,3}}, to_apply=%add
+  %f2 = f32[24]{0} fusion(%all-reduce.2), kind=kLoop, calls=%fused_b
+}
+"""
+
+
+def test_an_all_reduce_sliced_inside_the_next_fusion_reads_as_a_reduce_scatter():
+    got = [(c.kind, c.bytes) for c in parse_collectives(FUSED_SLICE, MeshSpec((1, 4), ("batch", "model")))]
+    assert got == [("reduce-scatter", 4 * 24 * 4), ("all-reduce", 4 * 24 * 4)]

@@ -319,9 +319,8 @@ def plan_command(args: argparse.Namespace) -> int:
 def _expand_blocks(plan, num_layers: int):
     """A hand plan made on a short capture, with its block parameters and constraints written for
     every block by name (as plan_graph does)."""
+    import dataclasses
     import re
-
-    from planner.plan import ActivationConstraint
 
     params = dict(plan.params)
     for name, spec in plan.params.items():
@@ -336,8 +335,8 @@ def _expand_blocks(plan, num_layers: int):
                 loc = type(a.location)(
                     "blocks.%d." % i + a.location.module[len("blocks.0.") :], a.location.op, a.location.occurrence
                 )
-                if all(b.location != loc for b in acts):
-                    acts.append(ActivationConstraint(loc, a.spec, a.shape, a.output, a.reason))
+                if all((b.location, b.input) != (loc, a.input) for b in acts):
+                    acts.append(dataclasses.replace(a, location=loc))
     return plan.with_(params=params, activations=tuple(acts))
 
 

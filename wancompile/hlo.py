@@ -119,46 +119,58 @@ def _kept_slice(kept: int, group: int, whole: int) -> bool:
 
 def scattered_all_reduces(hlo_text: str, group_size: dict[str, int]) -> set[str]:
     """All-reduces whose every user keeps only this device's slice of the result: each user is a
-    dynamic-slice (or a fusion holding one) and at most 1/group-size of the all-reduce's size.
-    That pair is a reduce-scatter that the XLA CPU pipeline leaves unfused (XLA's GPU
-    ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it), so it is read as one."""
+    dynamic-slice, or calls a computation holding one, and either its result is at most
+    1/group-size of the all-reduce's size or the dynamic-slice cuts a value of the all-reduce's size
+    down to that (XLA fuses the slice into the next ops, e.g. a LayerNorm's reductions or a
+    projection of the kept rows). That pair is a reduce-scatter that the XLA CPU pipeline leaves
+    unfused (XLA's GPU ``ReduceScatterCreator`` and tt-mlir's Shardy CCL canonicalisation fuse it),
+    so it is read as one."""
     users: dict[str, list[tuple[str, str]]] = {name: [] for name in group_size}
     sizes: dict[str, int] = {}
     bodies: dict[str, list[str]] = {}
+    cuts: dict[str, set[tuple[int, int]]] = {}  # computation -> (operand, result) sizes of its dynamic-slices
     current: list[str] = []
+    computation, local = "", {}
     for line in hlo_text.splitlines():
         head = re.match(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$", line)
         if head:
-            current = bodies.setdefault(head.group(1), [])
+            computation, local = head.group(1), {}
+            current = bodies.setdefault(computation, [])
         current.append(line)
         m = _DEF.match(line)
         if not m:
             continue
-        sizes[m.group("name")] = _numel(m.group("shape"))
+        sizes[m.group("name")] = local[m.group("name")] = _numel(m.group("shape"))
+        if m.group("op") == "dynamic-slice":
+            operand = re.findall(r"%([\w.\-]+)", m.group("operands"))[:1]
+            cut = (local.get(operand[0], 0) if operand else 0, local[m.group("name")])
+            cuts.setdefault(computation, set()).add(cut)
         for o in re.findall(r"%([\w.\-]+)", m.group("operands")):
             if o in users:
                 users[o].append((m.group("shape"), line))
     # Computations holding a dynamic-slice, directly or through the computations they call: XLA CPU
     # wraps large fusions in a `call` of an outlined parallel computation (to_apply=) around them.
-    slices = {name for name, body in bodies.items() if any(" dynamic-slice(" in b for b in body)}
     calls = {name: {c for b in body for c in _callees(b)} for name, body in bodies.items()}
     grew = True
     while grew:
-        more = {name for name, callees in calls.items() if name not in slices and callees & slices}
-        slices |= more
-        grew = bool(more)
+        grew = False
+        for name, callees in calls.items():
+            more = set().union(*(cuts.get(c, set()) for c in callees)) - cuts.setdefault(name, set())
+            if more:
+                cuts[name] |= more
+                grew = True
 
-    def slicing(line: str) -> bool:
-        return " dynamic-slice(" in line or bool(_callees(line) & slices)
-
-    return {
-        name
-        for name, uses in users.items()
-        if uses
-        and all(
-            slicing(line) and _kept_slice(_numel(shape), group_size[name], sizes.get(name, 0)) for shape, line in uses
+    def slicing(name: str, shape: str, line: str) -> bool:
+        group, whole = group_size[name], sizes.get(name, 0)
+        if " dynamic-slice(" in line:
+            return _kept_slice(_numel(shape), group, whole)
+        held = set().union(*(cuts.get(c, set()) for c in _callees(line)))
+        return bool(held) and (
+            _kept_slice(_numel(shape), group, whole)
+            or any(src == whole and _kept_slice(k, group, whole) for src, k in held)
         )
-    }
+
+    return {name for name, uses in users.items() if uses and all(slicing(name, shape, line) for shape, line in uses)}
 
 
 def parse_collectives(hlo_text: str, mesh: MeshSpec) -> list[Collective]:

@@ -98,22 +98,45 @@ def _constrain(value: Any, mesh_key: str, spec: PartitionSpec, output: int) -> N
     xs.mark_sharding(t, _MESHES[mesh_key], spec)
 
 
+def _constrained_copy(value: torch.Tensor, mesh_key: str, spec: PartitionSpec) -> torch.Tensor:
+    """A copy of `value` constrained to `spec`, leaving `value`'s own layout alone (how torch_xla's
+    ``mark_sharding_with_gradients`` constrains without writing in place)."""
+    import torch_xla.distributed.spmd as xs
+
+    copy = value.clone()
+    xs.mark_sharding(copy, _MESHES[mesh_key], spec)
+    return copy
+
+
 def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> fx.GraphModule:
-    """Return a copy of `gm` with a sharding-constraint call after every constrained op."""
+    """Return a copy of `gm` with a sharding-constraint call after every constrained op (in plan
+    order where one op has several) and, for constraints on an op's input, a constrained copy of
+    that input before its first reader (readers of one value with one spec share the copy)."""
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())  # leave dynamo's graph untouched
     by_location = graph.by_location()
     fx_nodes = {n.name: n for n in gm.graph.nodes}
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
     key = _mesh_key(mesh)
+    last: dict[fx.Node, fx.Node] = {}  # op -> its last constraint call so far
+    copies: dict[tuple[fx.Node, tuple], list[fx.Node]] = {}  # (value, spec) -> readers
     for c in plan.activations:
         node = by_location.get(c.location)
         if node is None:
             raise PlanError(f"plan constrains {c.location}, which this graph does not have; re-plan for this model")
         target = fx_nodes[node.name]
-        anchor = target
+        if c.input is not None:
+            copies.setdefault((fx_nodes[graph[node.inputs[c.input]].name], tuple(c.spec)), []).append(target)
+            continue
+        anchor = last.get(target, target)
         while anchor.next.op == "placeholder":  # keep placeholders first
             anchor = anchor.next
         with gm.graph.inserting_after(anchor):
-            gm.graph.call_function(_constrain, (target, key, tuple(c.spec), c.output))
+            last[target] = gm.graph.call_function(_constrain, (target, key, tuple(c.spec), c.output))
+    for (value, spec), readers in copies.items():
+        with gm.graph.inserting_before(min(readers, key=order.__getitem__)):
+            copy = gm.graph.call_function(_constrained_copy, (value, key, spec))
+        for r in readers:
+            r.replace_input_with(value, copy)
     gm.graph.lint()
     gm.recompile()
     return gm

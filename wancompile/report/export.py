@@ -11,8 +11,10 @@ The module needs torch and torch_xla only (not wancompile), like the hand-writte
     out = model(**inputs); torch_xla.sync()
 
 It holds ``MESH_SHAPE``, ``AXIS_NAMES``, ``PARAM_SPECS`` (every sharded parameter; all others are
-replicated) and ``ACTIVATION_CONSTRAINTS``: ``(module, op, occurrence, output, spec)`` — the plan's
-`Location`s: the ``occurrence``-th ``op`` call whose innermost running module is ``module``.
+replicated), ``ACTIVATION_CONSTRAINTS``: ``(module, op, occurrence, output, spec)`` — the plan's
+`Location`s: the ``occurrence``-th ``op`` call whose innermost running module is ``module`` — and
+``INPUT_CONSTRAINTS``: ``(module, op, occurrence, input, spec)``, a call that reads one input
+through a constrained copy (a stream value read by two macros with different layouts).
 ``apply_activation_sharding`` expresses each one with plain torch_xla:
 
 - the op's value is what its module returns (an ``nn.Linear`` such as ``proj_out`` or
@@ -84,9 +86,14 @@ PARAM_SPECS = {{
 {extra_specs}}}
 
 # (module, op, occurrence, output, spec): constrain output `output` of the `occurrence`-th `op`
-# call made directly by `module` ("" = the root model) to `spec`.
+# call made directly by `module` ("" = the root model) to `spec` (several on one call: in order).
 ACTIVATION_CONSTRAINTS = [
 {constraints}]
+
+# (module, op, occurrence, input, spec): that call reads its `input`-th tensor argument through a
+# copy constrained to `spec` (the value's other readers keep their layout; one copy per value and spec).
+INPUT_CONSTRAINTS = [
+{input_constraints}]
 
 
 def make_mesh():
@@ -109,30 +116,59 @@ def shard_params(model, mesh):
         xs.mark_sharding(named[name], mesh, spec)
 
 
+_OPERATORS = {{
+    f"__{{p}}{{op}}__": op for op in ("add", "sub", "mul", "truediv", "floordiv", "pow", "matmul") for p in ("", "r", "i")
+}}
+
+
 class _OpConstraints(torch.overrides.TorchFunctionMode):
     """Marks the output of the op calls ACTIVATION_CONSTRAINTS names that are not module outputs."""
 
-    def __init__(self, mesh, sites, stack, legalize_layer_norm):
+    def __init__(self, mesh, sites, input_sites, stack, legalize_layer_norm):
         super().__init__()
-        self.mesh, self.sites, self.stack = mesh, sites, stack
+        self.mesh, self.sites, self.input_sites, self.stack = mesh, sites, input_sites, stack
         self.legalize_layer_norm = legalize_layer_norm
         self.counts = {{}}
+        self.copies = {{}}  # (id of the value, spec) -> (value, its constrained copy)
         self.applied = set()
 
+    def _copy(self, value, spec):
+        key = (id(value), spec)
+        if key not in self.copies:
+            copy = value.clone()
+            xs.mark_sharding(copy, self.mesh, spec)
+            self.copies[key] = (value, copy)  # the value is kept alive so that its id stays unique
+        return self.copies[key][1]
+
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        if self.legalize_layer_norm and func is torch.nn.functional.layer_norm:
-            out = layer_norm_decomposed(*args, **(kwargs or {{}}))
-        else:
-            out = func(*args, **(kwargs or {{}}))
+        kwargs = dict(kwargs or {{}})
         name = getattr(func, "__name__", "")
+        name = _OPERATORS.get(name, name)  # `a + b` is Tensor.__add__ here, operator.add in the plan
         module = self.stack[-1] if self.stack else ""
         key = (module, name)
-        if key in self.sites:
+        occurrence = None
+        if key in self.sites or key in self.input_sites:
             occurrence = self.counts.get(key, 0)
             self.counts[key] = occurrence + 1
-            for output, spec in self.sites[key].get(occurrence, ()):
-                xs.mark_sharding(out[output] if isinstance(out, (tuple, list)) else out, self.mesh, spec)
-                self.applied.add((module, name, occurrence, output))
+        reads = self.input_sites.get(key, {{}}).get(occurrence, ())
+        if reads:
+            slots = [("a", i) for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+            slots += [("k", k) for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+            args = list(args)
+            for index, spec in reads:
+                where, at = slots[index]
+                if where == "a":
+                    args[at] = self._copy(args[at], spec)
+                else:
+                    kwargs[at] = self._copy(kwargs[at], spec)
+                self.applied.add((module, name, occurrence, "input", index))
+        if self.legalize_layer_norm and func is torch.nn.functional.layer_norm:
+            out = layer_norm_decomposed(*args, **kwargs)
+        else:
+            out = func(*args, **kwargs)
+        for output, spec in self.sites.get(key, {{}}).get(occurrence, ()):
+            xs.mark_sharding(out[output] if isinstance(out, (tuple, list)) else out, self.mesh, spec)
+            self.applied.add((module, name, occurrence, output))
         return out
 
 
@@ -150,8 +186,13 @@ def apply_activation_sharding(model, mesh, legalize_layer_norm=True):
             handles.append(modules[module].register_forward_hook(_mark_output(mesh, spec)))
         else:
             sites.setdefault((module, op), {{}}).setdefault(occurrence, []).append((output, spec))
-    if sites or legalize_layer_norm:
-        handles += _install_op_constraints(model, modules, mesh, sites, legalize_layer_norm)
+    input_sites = {{}}
+    for module, op, occurrence, index, spec in INPUT_CONSTRAINTS:
+        if module not in modules:
+            raise KeyError(f"constraint at {{module}}:{{op}}#{{occurrence}}: the model has no module {{module!r}}")
+        input_sites.setdefault((module, op), {{}}).setdefault(occurrence, []).append((index, spec))
+    if sites or input_sites or legalize_layer_norm:
+        handles += _install_op_constraints(model, modules, mesh, sites, input_sites, legalize_layer_norm)
     return handles
 
 
@@ -163,7 +204,7 @@ def _mark_output(mesh, spec):
     return hook
 
 
-def _install_op_constraints(model, modules, mesh, sites, legalize_layer_norm):
+def _install_op_constraints(model, modules, mesh, sites, input_sites, legalize_layer_norm):
     stack, state = [], {{}}
     names = {{id(m): name for name, m in modules.items()}}
     handles = []
@@ -174,7 +215,7 @@ def _install_op_constraints(model, modules, mesh, sites, legalize_layer_norm):
         handles.append(m.register_forward_hook(_pop(stack)))
 
     def enter(mod, args):
-        state["mode"] = _OpConstraints(mesh, sites, stack, legalize_layer_norm)
+        state["mode"] = _OpConstraints(mesh, sites, input_sites, stack, legalize_layer_norm)
         state["mode"].__enter__()
 
     def leave(mod, args, out):
@@ -206,6 +247,7 @@ def check_constraints_applied(model):
     """Raise unless every non-module-output constraint was reached in the last forward."""
     want = {{(m, op, occ, out) for m, op, occ, out, _ in ACTIVATION_CONSTRAINTS
             if not (op == "linear" and isinstance(dict(model.named_modules())[m], torch.nn.Linear) and out == 0)}}
+    want |= {{(m, op, occ, "input", i) for m, op, occ, i, _ in INPUT_CONSTRAINTS}}
     missing = want - getattr(model, "_wancompile_applied", set())
     if missing:
         raise RuntimeError(f"{{len(missing)}} activation constraint(s) never matched an op: {{sorted(missing)[:3]}}")
@@ -254,16 +296,17 @@ def export_python(rep: Report) -> str:
             out.append(f"{indent}{name!r}: {_spec_literal(specs[name])},")
         return "".join(x + "\n" for x in out)
 
-    constraints = []
+    constraints, input_constraints = [], []
     seen = set()
     for a in plan.activations:
-        key = (a.location.module, a.location.op, a.location.occurrence, a.output)
+        index = a.output if a.input is None else a.input
+        key = (a.location.module, a.location.op, a.location.occurrence, index, a.input is None, tuple(a.spec))
         if key in seen:
             continue
         seen.add(key)
         why = f"  # {a.reason}" if a.reason else ""
-        constraints.append(
-            f"    ({a.location.module!r}, {a.location.op!r}, {a.location.occurrence}, {a.output}, {_spec_literal(a.spec)}),{why}\n"
+        (constraints if a.input is None else input_constraints).append(
+            f"    ({a.location.module!r}, {a.location.op!r}, {a.location.occurrence}, {index}, {_spec_literal(a.spec)}),{why}\n"
         )
     summary = "\n".join(
         f"{k}: {v}"
@@ -287,6 +330,7 @@ def export_python(rep: Report) -> str:
         root_specs=lines(root),
         extra_specs=lines(extra),
         constraints="".join(constraints),
+        input_constraints="".join(input_constraints),
         # the backend's own legalization, copied so the exported module needs no wancompile
         layer_norm_source=inspect.getsource(layer_norm_decomposed).rstrip(),
     )

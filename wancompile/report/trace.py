@@ -84,8 +84,10 @@ def trace_plan(
     n_blocks = num_blocks or plan.layers or st.captured_blocks
     mesh = plan.mesh
     by_loc = graph.by_location()
-    forced = {by_loc[a.location].name: Layout.from_spec(a.spec) for a in plan.activations if a.location in by_loc}
-    constraint_spec = {by_loc[a.location].name: a.spec for a in plan.activations if a.location in by_loc}
+    forced, copies = plan.constraint_layouts(graph)
+    constraint_spec = {
+        by_loc[a.location].name: a.spec for a in plan.activations if a.location in by_loc and a.input is None
+    }
     layouts: dict[str, tuple[Layout, ...]] = {
         p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params
     }
@@ -97,7 +99,7 @@ def trace_plan(
     for node in graph:
         if node.op in ("placeholder", "output"):
             continue
-        ev = evaluate(graph, [node], mesh, hw, boundary=layouts, forced=forced)
+        ev = evaluate(graph, [node], mesh, hw, boundary=layouts, forced=forced, forced_inputs=copies)
         layouts[node.name] = ev.layouts.get(node.name, tuple(Layout.replicated(len(m.shape)) for m in node.outputs))
         if node.block not in (None, 0):
             continue  # blocks share their decisions: block 0 stands for all
