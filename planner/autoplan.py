@@ -639,7 +639,7 @@ class _Ctx:
             if any(u.name in dependent for u in self.g.users(n.name)):
                 lay = self.evals[m, chosen[m].name].layouts.get(n.name)
                 if lay and lay[0] is not None:
-                    out.append((n.name, lay[0]))
+                    out.append((n.name, self.lift(n.name, lay[0])))  # a CFG half keeps its branch
         return out
 
     def _side_inputs(self) -> list[str]:
