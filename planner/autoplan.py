@@ -21,29 +21,17 @@ from collections import Counter
 from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
-from planner import pricing
+from planner import engine, pricing
 from planner.cost_model import collective_seconds, to_ns
-from planner.explain import explain_choices
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
-from planner.ilp import Edge, Group, Infeasible, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import Edge, Group, Infeasible
 from planner.mesh import MeshSpec
 from planner.packing import packed_operand
 from planner.placements import Guard, Layout, as_number, numel, shard_count
-from planner.plan import (
-    ActivationConstraint,
-    Decision,
-    Exclusion,
-    MemoryBudgetError,
-    Plan,
-    PlanError,
-    Predicted,
-    SolverInfo,
-    SolverTimeout,
-    model_geometry,
-)
+from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted, model_geometry
 from planner.propagate import Evaluation, evaluate, redistribute
-from planner.strategies import Macro, Strategy, Structure, find_structure, strategies
+from planner.strategies import Macro, Strategy, find_structure, strategies
 
 KIB = 1024
 
@@ -101,56 +89,22 @@ def plan_graph(
     hw = _profile(hardware, mesh)
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
-    ctx, groups, edges, tables, excluded = _build(
+    family = DitFamily(
         graph,
         mesh,
         hw,
-        num_blocks,
-        weight_copies,
-        values,
-        sequence_parallel,
-        only,
-        tuple(batch_axes),
-        stream_layouts and preset == "auto",
-        preset,
+        num_blocks=num_blocks,
+        weight_copies=weight_copies,
+        values=values,
+        sequence_parallel=sequence_parallel,
+        only=only,
+        batch_axes=tuple(batch_axes),
+        stream_layouts=stream_layouts,
+        preset=preset,
+        model=model or graph.model,
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
-    fixed = ctx.fixed_param_bytes()
-    memory_kib = int((budget - fixed) // KIB)
-    hint = ctx.hint(groups, tables)
-    try:
-        res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
-    except TimedOut as e:
-        raise SolverTimeout(
-            f"the solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status {e.status}) on mesh "
-            f"{mesh} for {graph.model or 'this model'}; raise the time limit (time_limit_s=, `wancompile plan --time-limit`)",
-            time_limit_s=time_limit_s,
-        ) from None
-    except Infeasible:
-        need_kib, _ = min_memory_kib(groups, time_limit_s=time_limit_s)
-        need_gb = budget_gb(need_kib, fixed)
-        meshes = _larger_meshes(
-            graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts, preset
-        )
-        advice = (
-            ", or use a larger mesh: "
-            + "; ".join(f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes)
-            if meshes
-            else "; no larger system mesh (" + ", ".join(str(m) for m in _system_meshes(mesh)) + ") fits it either"
-            if _system_meshes(mesh)
-            else ""
-        )
-        raise MemoryBudgetError(
-            f"no plan fits {budget / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for {graph.model or 'this model'}"
-            f" x{weight_copies} weight set(s): the smallest plan on this mesh needs {need_gb:.6g} GB per device. "
-            f"Raise memory_gb to at least {need_gb:.6g}" + advice,
-            budget_gb=budget / 1e9,
-            need_gb=need_gb,
-            meshes=tuple(str(m) for m, _ in meshes),
-        ) from None
-    chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
-    decisions = ctx.decisions(groups, edges, res, memory_kib, tables, excluded)
-    return ctx.assemble(chosen, res, decisions, model or graph.model)
+    return engine.plan(family, budget, time_limit_s)
 
 
 def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
@@ -165,48 +119,6 @@ def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
 PRESETS = ("auto", "tt-xla")
 
 
-def _build(
-    graph,
-    mesh,
-    hw,
-    num_blocks,
-    weight_copies,
-    values,
-    sequence_parallel,
-    only,
-    batch_axes=(),
-    stream_layouts=True,
-    preset="auto",
-):
-    if preset not in PRESETS:
-        raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
-    st = find_structure(graph)
-    n = num_blocks or st.captured_blocks
-    ctx = _Ctx(graph, mesh, hw, st, n, weight_copies, dict(values or {}), batch_axes, stream_layouts)
-    ctx.sequence_parallel = sequence_parallel
-    ctx.only = dict(only or {})
-    groups, edges, tables, excluded = ctx.build()
-    if preset == "tt-xla":
-        # the seed's shape is the solver's hint (`_Ctx.hint`): keep exactly that option per macro
-        hint = ctx.hint(groups, tables)
-        missing = [g.name for g in groups if g.name not in hint]
-        if missing:
-            raise PlanError(
-                f"the tt-xla preset needs head-TP / Megatron on the last mesh axis with SP on the others, but "
-                f"{', '.join(missing)} has no such legal option on mesh {mesh} (excluded: "
-                + "; ".join(f"{x.option}: {x.reason}" for m in missing for x in excluded[m])
-                + ")"
-            )
-        for k, g in enumerate(groups):
-            i = hint[g.name]
-            excluded[g.name] = list(excluded[g.name]) + [
-                Exclusion(o.name, "not the tt-xla preset") for j, o in enumerate(g.options) if j != i
-            ]
-            groups[k] = Group(g.name, (g.options[i],), g.count)
-            tables[g.name] = [tables[g.name][i]]
-    return ctx, groups, edges, tables, excluded
-
-
 def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
     """Native meshes of the hardware profiles with more devices than `mesh` (smallest first), named
     like `mesh` when it is 2-D: the meshes that exist to suggest."""
@@ -218,48 +130,57 @@ def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
     return [MeshSpec(tuple(s), tuple(names) if names else ("batch", "model")) for s in shapes]
 
 
-def _larger_meshes(
-    graph, mesh, hw, budget, num_blocks, weight_copies, values, sequence_parallel, only, stream_layouts, preset
-):
-    """(mesh, smallest budget that plans there) for the system meshes larger than `mesh` whose
-    smallest plan fits `budget`; at most the two smallest."""
-    out = []
-    for m in _system_meshes(mesh):
-        try:
-            ctx, groups, *_ = _build(
-                graph, m, hw, num_blocks, weight_copies, values, sequence_parallel, only, (), stream_layouts, preset
-            )
-            fixed = ctx.fixed_param_bytes()
-            need = budget_gb(min_memory_kib(groups)[0], fixed)
-        except (PlanError, Infeasible):
-            continue
-        if need * 1e9 <= budget:
-            out.append((m, need))
-        if len(out) == 2:
-            break
-    return out
+class DitFamily:
+    """The DiT as a model family of `planner.engine`: its macros (`strategies.find_structure`), their
+    options priced by the op rules, the stream edges between them; its decisions and its plan. Built
+    once from `plan_graph`'s arguments (immutable after construction)."""
 
-
-class _Ctx:
     def __init__(
         self,
         graph: Graph,
         mesh: MeshSpec,
         hw: HardwareProfile,
-        st: Structure,
-        n: int,
-        copies: int,
-        vals: dict,
+        *,
+        num_blocks: Optional[int] = None,
+        weight_copies: int = 1,
+        values: Optional[Mapping[str, int]] = None,
+        sequence_parallel: bool = True,
+        only: Optional[Mapping[str, str]] = None,
         batch_axes: tuple[str, ...] = (),
         stream_layouts: bool = True,
+        preset: str = "auto",
+        model: str = "",
     ):
-        self.g, self.mesh, self.hw, self.st, self.n, self.copies, self.vals = graph, mesh, hw, st, n, copies, vals
+        if preset not in PRESETS:
+            raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
+        st = find_structure(graph)
+        self.g, self.mesh, self.hw, self.st = graph, mesh, hw, st
+        self.n, self.copies, self.vals = num_blocks or st.captured_blocks, weight_copies, dict(values or {})
+        self.sequence_parallel, self.only, self.preset, self.model = sequence_parallel, dict(only or {}), preset, model
+        self.stream_layouts = stream_layouts
         self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
         self.inputs = self._batch_inputs()
         self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
-        self.hidden = graph[st.entry].out.shape[-1] if stream_layouts else None
+        self.hidden = graph[st.entry].out.shape[-1] if stream_layouts and preset == "auto" else None
+        self._ends: dict = {}  # stream key -> `ends(key)`, computed once
+
+    def on(self, mesh: MeshSpec) -> "DitFamily":
+        """The same model and options on another mesh (no batch axes)."""
+        return DitFamily(
+            self.g,
+            mesh,
+            self.hw,
+            num_blocks=self.n,
+            weight_copies=self.copies,
+            values=self.vals,
+            sequence_parallel=self.sequence_parallel,
+            only=self.only,
+            stream_layouts=self.stream_layouts,
+            preset=self.preset,
+            model=self.model,
+        )
 
     # --- pricing ------------------------------------------------------------------------------
 
@@ -366,6 +287,11 @@ class _Ctx:
 
     def ends(self, key) -> Evaluation:
         """Prologue + epilogue with the block stack entered and left in stream layout `key`."""
+        if key not in self._ends:
+            self._ends[key] = self._evaluate_ends(key)
+        return self._ends[key]
+
+    def _evaluate_ends(self, key) -> Evaluation:
         entry = {self.st.entry: self.stream(key)}
         rest = [self.g[x] for x in self.st.prologue if not any(x in r.nodes for r in self.st.root_macros)]
         pro = evaluate(self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals)
@@ -394,11 +320,9 @@ class _Ctx:
         pro.warnings.extend(epi.warnings)
         return pro
 
-    def build(self):
-        groups, tables, excluded = [], {}, {}
-        self.evals: dict[tuple[str, str], Evaluation] = {}
+    def problem(self) -> engine.Problem:
+        groups, tables, excluded, evals = [], {}, {}, {}
         first = self.st.block_macros[0].name
-        ends = {}
         for m in self.st.block_macros + self.st.root_macros:
             opts, why = strategies(
                 self.g,
@@ -411,9 +335,9 @@ class _Ctx:
                 hidden=self.hidden,
             )
             opts = [self.lift_strategy(s) for s in opts]
-            if not getattr(self, "sequence_parallel", True):
+            if not self.sequence_parallel:
                 opts = [s for s in opts if not s.sigma and not s.stream[0]]
-            if m.name in getattr(self, "only", {}):
+            if m.name in self.only:
                 pattern = self.only[m.name]
                 kept = [s for s in opts if re.search(pattern, s.name)]
                 if not kept:
@@ -425,18 +349,78 @@ class _Ctx:
                 opts = kept
             options = []
             for s in opts:
-                ev = self.eval_macro(m, s)
-                self.evals[m.name, s.name] = ev
-                once = 0
-                if m.name == first:
-                    if s.stream not in ends:
-                        ends[s.stream] = self.ends(s.stream)
-                    once = to_ns(ends[s.stream].seconds)
+                ev = evals[m.name, s.name] = self.eval_macro(m, s)
+                once = to_ns(self.ends(s.stream).seconds) if m.name == first else 0
                 options.append(pricing.option(s.name, s.stream, ev, self.param_bytes(m, s), once))
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
-        self.ends_evals = ends
-        return groups, self.edges(tables), tables, excluded
+        edges = self.edges(tables)
+        if self.preset == "tt-xla":
+            self._keep_the_seed_plan(groups, tables, excluded)
+        return engine.Problem(
+            tuple(groups),
+            tuple(edges),
+            {k: tuple(v) for k, v in tables.items()},
+            {k: tuple(v) for k, v in excluded.items()},
+            evals,
+            self.fixed_param_bytes(),
+            self.hint(groups, tables),
+        )
+
+    def _keep_the_seed_plan(self, groups: list[Group], tables: dict, excluded: dict) -> None:
+        """The tt-xla preset: the seed's shape is the solver's hint (`hint`); keep exactly that option
+        per macro, the others recorded as excluded by the preset."""
+        hint = self.hint(groups, tables)
+        missing = [g.name for g in groups if g.name not in hint]
+        if missing:
+            raise PlanError(
+                f"the tt-xla preset needs head-TP / Megatron on the last mesh axis with SP on the others, but "
+                f"{', '.join(missing)} has no such legal option on mesh {self.mesh} (excluded: "
+                + "; ".join(f"{x.option}: {x.reason}" for m in missing for x in excluded[m])
+                + ")"
+            )
+        for k, g in enumerate(groups):
+            i = hint[g.name]
+            excluded[g.name] = list(excluded[g.name]) + [
+                Exclusion(o.name, "not the tt-xla preset") for j, o in enumerate(g.options) if j != i
+            ]
+            groups[k] = Group(g.name, (g.options[i],), g.count)
+            tables[g.name] = [tables[g.name][i]]
+
+    # --- the solve's failures ----------------------------------------------------------------------
+
+    @property
+    def subject(self) -> str:
+        return f"{self.model or 'this model'} x{self.copies} weight set(s)"
+
+    def advice(self, budget: float) -> tuple[str, tuple[str, ...]]:
+        meshes = self._larger_meshes(budget)
+        if meshes:
+            text = ", or use a larger mesh: " + "; ".join(
+                f"{m} ({m.size} devices) plans within {need:.6g} GB" for m, need in meshes
+            )
+        elif _system_meshes(self.mesh):
+            text = (
+                "; no larger system mesh (" + ", ".join(str(m) for m in _system_meshes(self.mesh)) + ") fits it either"
+            )
+        else:
+            text = ""
+        return text, tuple(str(m) for m, _ in meshes)
+
+    def _larger_meshes(self, budget: float) -> list[tuple[MeshSpec, float]]:
+        """(mesh, smallest budget that plans there) for the system meshes larger than this one whose
+        smallest plan fits `budget`; at most the two smallest."""
+        out = []
+        for m in _system_meshes(self.mesh):
+            try:
+                need = self.on(m).problem().need_gb(5.0)
+            except (PlanError, Infeasible):
+                continue
+            if need * 1e9 <= budget:
+                out.append((m, need))
+            if len(out) == 2:
+                break
+        return out
 
     def reshard_seconds(self, tensor: str, k, l) -> float:
         return pricing.reshard_seconds(
@@ -490,7 +474,7 @@ class _Ctx:
                     break
         return out
 
-    def decisions(self, groups, edges, res, memory_kib, tables, excluded) -> tuple[Decision, ...]:
+    def decisions(self, problem: engine.Problem, solution: engine.Solution) -> tuple[Decision, ...]:
         """One typed Decision per group (`planner.explain.explain_choices`): costs per forward, the
         stream each option reads and writes in the layout notation."""
         block = {m.name for m in self.st.block_macros}
@@ -504,18 +488,20 @@ class _Ctx:
         def fsdp(g, j) -> bool:
             return tables[g.name][j].fsdp
 
-        out = explain_choices(groups, edges, res, memory_kib, excluded, in_block=in_block, stream=stream, fsdp=fsdp)
+        tables, res = problem.tables, solution.result
+        out = engine.explain(problem, solution, in_block=in_block, stream=stream, fsdp=fsdp)
         return tuple(
             dc_replace(d, state=tables[g.name][res.choice[g.name]].state) if g.name in block else d
-            for g, d in zip(groups, out)
+            for g, d in zip(problem.groups, out)
         )
 
     # --- the plan ------------------------------------------------------------------------------------
 
-    def assemble(self, chosen: dict[str, Strategy], res, decisions, model: str) -> Plan:
+    def assemble(self, problem: engine.Problem, solution: engine.Solution, decisions) -> Plan:
+        chosen, evals = solution.chosen, problem.evals
         first = self.st.block_macros[0]
         sigma0 = chosen[first.name].stream
-        ends = self.ends_evals[sigma0]
+        ends = self.ends(sigma0)
         events: Counter = Counter()
         compute = ends.compute_seconds
         guards: list[Guard] = list(ends.guards)
@@ -525,13 +511,13 @@ class _Ctx:
         forced_block: dict[str, Layout] = {}
         for m in self.st.block_macros + self.st.root_macros:
             s = chosen[m.name]
-            ev = self.evals[m.name, s.name]
+            ev = evals[m.name, s.name]
             k = self.n if m.in_block else 1
             compute += ev.compute_seconds * k
             guards += list(ev.guards) + list(s.guards)
             warnings += ev.warnings
             for e in ev.events:
-                events[(e.kind, e.axes, e.bytes, _generic(e.where))] += k
+                events[(e.kind, e.axes, e.bytes, self.g.generic(e.where))] += k
             forced_block.update(s.forced)
             # a packed weight (planner.packing) is pinned where the packing ends: the fold program's output
             forced_block.update({x.node: s.params[x.node] for x in m.packed})
@@ -557,18 +543,18 @@ class _Ctx:
                 copies += [(r, i, self.stream(l_sig)) for r, i in readers]
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
-                events[(kind, axes, nbytes, _generic(str(self.g[a].location)))] += self.n
+                events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += self.n
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
-        self._sigmas = [chosen[m.name].stream[0] for m in self.st.block_macros]
-        self._split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
-        if self._split_stream:
-            pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen) if x not in forced_block]
-        acts = self._activations(pins, sigma0, copies)
+        split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
+        if split_stream:
+            pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen, evals) if x not in forced_block]
+        tokens_split = any(chosen[m.name].stream[0] for m in self.st.block_macros)
+        acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, split_stream=split_stream)
         memory = _weight_bytes(self.g, params, self.mesh, self.vals, self.n, self.copies)
         act_peak = max(
-            ev.peak_bytes for (name, sname), ev in self.evals.items() if chosen.get(name) and chosen[name].name == sname
+            ev.peak_bytes for (name, sname), ev in evals.items() if chosen.get(name) and chosen[name].name == sname
         )
         memory += pricing.ACTIVATION_FACTOR * act_peak
         nsp = shard_count(self.mesh, sigma0[0])
@@ -586,14 +572,14 @@ class _Ctx:
                 "memory forces weight sharding: " + ", ".join(f"{m} {s.name}" for m, s in chosen.items() if s.fsdp)
             )
         plan = Plan(
-            model=model,
+            model=self.model,
             mesh=self.mesh,
             params=params,
             activations=acts,
             hardware=self.hw.name,
             collectives=collectives,
             predicted=Predicted(compute + comm, compute, comm, int(memory)),
-            solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
+            solver=engine.solver_info(solution),
             decisions=tuple(decisions),
             notes=tuple(notes),
             weight_sets=self.copies,
@@ -620,12 +606,14 @@ class _Ctx:
                     out.append((x, key[src], key[m.name], readers))
         return out
 
-    def _modulation(self, chosen) -> list[tuple[str, Layout]]:
+    def _modulation(self, chosen, evals) -> list[tuple[str, Layout]]:
         """Block values that do not depend on the stream (the adaLN modulation: the block's table
         plus the timestep projection, chunked) read by ops that do, with the layout the chosen
         option of their macro gives them. With the stream split on hidden in one macro and whole in
         another, GSPMD propagated the split backwards into the shared chunk and all-gathered the other
-        macro's vectors (measured: 3 per block on 2x4); pinned, each use slices its own."""
+        macro's vectors (measured: 3 per block on 2x4); pinned, each use slices its own. An op that
+        reads only values made before the blocks (the RoPE table's even/odd columns) is left to its
+        input's layout: the table is pinned where it is made."""
         block = [n for n in self.g if n.block == 0 and n.op != "placeholder"]
         dependent = {self.st.entry}
         for n in block:
@@ -636,8 +624,10 @@ class _Ctx:
             m = self.macro_of.get(n.name)
             if n.name in dependent or not n.outputs or m is None:
                 continue
+            if all(self.g[i].block is None and not self.g[i].is_param for i in n.inputs):
+                continue
             if any(u.name in dependent for u in self.g.users(n.name)):
-                lay = self.evals[m, chosen[m].name].layouts.get(n.name)
+                lay = evals[m, chosen[m].name].layouts.get(n.name)
                 if lay and lay[0] is not None:
                     out.append((n.name, self.lift(n.name, lay[0])))  # a CFG half keeps its branch
         return out
@@ -686,18 +676,20 @@ class _Ctx:
         out = {}
         for node in self.g.params():
             name = node.param
-            generic = _to_block0(name)
-            spec = spec0.get(generic, spec0.get(name, (None,) * len(node.out.shape)))
+            spec = spec0.get(self.g.in_block(node, name, 0), spec0.get(name, (None,) * len(node.out.shape)))
             out[name] = spec
-        for name in list(out):
-            if name.startswith("blocks.0."):
+            if node.block == 0:  # the captured blocks stand for all n
                 for k in range(self.n):
-                    out.setdefault(f"blocks.{k}." + name[len("blocks.0.") :], out[name])
+                    out.setdefault(self.g.in_block(node, name, k), spec)
         return out
 
-    def _activations(self, pins, sigma0, copies) -> tuple[ActivationConstraint, ...]:
+    def _activations(
+        self, pins, sigma0, copies, *, tokens_split: bool, split_stream: bool
+    ) -> tuple[ActivationConstraint, ...]:
         """Constraints: `pins` (node, layout, reason) in place after the op, `copies` (reader, input index,
-        layout) on a reader's input; block nodes are written for every block."""
+        layout) on a reader's input; block nodes are written for every block. `tokens_split`: some
+        block macro splits the stream's tokens; `split_stream`: some block macro's stream is split
+        beyond its SP axes (STATE B, sequence-parallel Megatron)."""
         entry = self.g[self.st.entry]
         acts = [
             ActivationConstraint(
@@ -718,20 +710,18 @@ class _Ctx:
             )
 
         def per_block(node) -> list:
-            if node.block is None:
-                return [node.location]
-            return [
-                type(node.location)(
-                    re.sub(r"^blocks\.\d+", f"blocks.{k}", node.location.module),
-                    node.location.op,
-                    node.location.occurrence,
-                )
-                for k in range(self.n)
-            ]
+            return [node.location] if node.block is None else [self.g.block_location(node, k) for k in range(self.n)]
 
         for name, lay, why in pins:
             node = self.g[name]
-            acts += [ActivationConstraint(loc, lay.to_spec(), node.out.shape, reason=why) for loc in per_block(node)]
+            k = self.g.picks(node)
+            # output k of a tuple-valued op (an adaLN chunk piece) is constrained at that op: a getitem
+            # of a tuple is no op in the model's own code (plain torch_xla, the export, cannot see it)
+            at, output = (self.g[node.inputs[0]], k) if k is not None else (node, 0)
+            acts += [
+                ActivationConstraint(loc, lay.to_spec(), node.out.shape, output=output, reason=why)
+                for loc in per_block(at)
+            ]
         for name, i, lay in copies:
             node, value = self.g[name], self.g[self.g[name].inputs[i]]
             acts += [
@@ -744,7 +734,7 @@ class _Ctx:
                 )
                 for loc in per_block(node)
             ]
-        if any(s for s in self._sigmas):
+        if tokens_split:
             from planner.hand_plans import _rope_tables
 
             for table in _rope_tables(self.g):
@@ -757,7 +747,7 @@ class _Ctx:
                         "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)",
                     )
                 )
-        if self._split_stream:
+        if split_stream:
             # With the stream split beyond σ, GSPMD propagates that split backwards into the
             # unconstrained prologue (measured: the timestep projection all-reduced on a contraction
             # it chose to split): the values the blocks read from the prologue keep the rules' layout.
@@ -824,14 +814,6 @@ def _reason(graph: Graph, node) -> str:
     return "stream layout change between macros"
 
 
-def _generic(where: str) -> str:
-    return re.sub(r"^blocks\.\d+", "blocks.*", where)
-
-
-def _to_block0(name: str) -> str:
-    return re.sub(r"^blocks\.\d+\.", "blocks.0.", name)
-
-
 def price_plan(
     graph: Graph,
     plan: Plan,
@@ -869,7 +851,7 @@ def price_plan(
         values=vals,
     )
     b0_names = {x.name for x in b0}
-    comm = ev_epi.comm_seconds + sum(e.seconds * (n if _generic(e.where) != e.where else 1) for e in ev_pre.events)
+    comm = ev_epi.comm_seconds + sum(e.seconds * (n if graph.generic(e.where) != e.where else 1) for e in ev_pre.events)
     compute = ev_epi.compute_seconds
     ev_blk = evaluate(
         graph,

@@ -18,6 +18,8 @@ from typing import Any, Iterator, Optional, Union
 
 import sympy
 
+TUPLE_OPS = ("chunk", "split", "unbind", "tensor_split")  # ops whose value is a tuple of tensors
+
 Dim = Union[int, sympy.Expr]
 
 
@@ -139,6 +141,7 @@ class Graph:
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
+        self._by_location_text = {str(n.location): n for n in self.nodes}
         self._users: dict[str, list[str]] = {n.name: [] for n in self.nodes}
         for n in self.nodes:
             for i in n.inputs:
@@ -158,6 +161,50 @@ class Graph:
 
     def params(self) -> list[Node]:
         return [n for n in self.nodes if n.is_param]
+
+    def block_root(self, node: Node) -> Optional[str]:
+        """The module path of `node`'s block (``blocks.3``), None outside the block stack."""
+        if node.block is None:
+            return None
+        for prefix in self.block_prefixes:
+            root = f"{prefix}.{node.block}"
+            if node.module == root or node.module.startswith(root + "."):
+                return root
+        return None
+
+    def in_block(self, node: Node, name: str, k: Union[int, str]) -> str:
+        """`name` (the module path, parameter name or location text of `node` or of anything under
+        its block) as it reads in block `k` of the stack (``"*"``: the block-generic name a plan
+        writes for what every block shares); unchanged outside the blocks."""
+        root = self.block_root(node)
+        if root is None or not (name == root or name.startswith((root + ".", root + ":"))):
+            return name
+        return f"{root.rsplit('.', 1)[0]}.{k}{name[len(root) :]}"
+
+    def generic(self, where: str) -> str:
+        """A location text (a collective's ``where``) as a plan writes it: an op of a block under
+        its block-generic name (``blocks.*.attn1:linear#0``), anything else unchanged."""
+        node = self._by_location_text.get(where)
+        return self.in_block(node, where, "*") if node is not None else where
+
+    def block_location(self, node: Node, k: Union[int, str]) -> Location:
+        """`node`'s location in block `k` of the stack (see `in_block`)."""
+        loc = node.location
+        return Location(self.in_block(node, loc.module, k), loc.op, loc.occurrence)
+
+    def picks(self, node: Node) -> Optional[int]:
+        """The output index a ``getitem`` takes from a tuple-valued op (``chunk``, ``split``,
+        ``unbind``, ...); None for any other node, tensor indexing included."""
+        if node.op != "getitem" or not node.inputs:
+            return None
+        src = self[node.inputs[0]]
+        if len(src.outputs) > 1 or src.op in TUPLE_OPS:
+            return int(node.attrs["args"][1])
+        return None
+
+    def picker(self, name: str, k: int) -> Optional[Node]:
+        """The ``getitem`` taking output `k` of the tuple-valued op `name` (None if nothing reads it)."""
+        return next((u for u in self.users(name) if self.picks(u) == k), None)
 
     def by_location(self) -> dict[Location, Node]:
         return {n.location: n for n in self.nodes}

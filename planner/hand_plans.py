@@ -104,12 +104,7 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
         )
         if entry.op == "pad":  # sp_pad: split after the padding, not before it (see planner.autoplan)
             src = graph[entry.inputs[0]]
-            acts.insert(
-                0,
-                ActivationConstraint(
-                    src.location, (None,) * len(src.out.shape), src.out.shape, reason="tokens whole before SP padding"
-                ),
-            )
+            acts.insert(0, ActivationConstraint.whole(src, "tokens whole before SP padding"))
         for table in _rope_tables(graph):
             acts.append(
                 ActivationConstraint(
@@ -120,24 +115,9 @@ def tt_xla_plan(graph: Graph, mesh: MeshSpec, *, kv_gather: bool = False, model:
                 )
             )
             if table.op == "pad":
-                src = graph[table.inputs[0]]
-                acts.append(
-                    ActivationConstraint(
-                        src.location,
-                        (None,) * len(src.out.shape),
-                        src.out.shape,
-                        reason="rope table whole before SP padding",
-                    )
-                )
+                acts.append(ActivationConstraint.whole(graph[table.inputs[0]], "rope table whole before SP padding"))
         exit_ = _find(graph, "proj_out", "linear")[-1]
-        acts.append(
-            ActivationConstraint(
-                exit_.location,
-                (None,) * len(exit_.out.shape),
-                exit_.out.shape,
-                reason="gather tokens before unpatchify",
-            )
-        )
+        acts.append(ActivationConstraint.whole(exit_, "gather tokens before unpatchify"))
         if kv_gather:
             for sdpa in graph:
                 if sdpa.op == "scaled_dot_product_attention" and sdpa.module.endswith("attn1"):

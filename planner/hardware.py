@@ -168,101 +168,88 @@ _BH_PEAK = Figure(332e12, "D (120 cores x 4096 FLOP/cycle x 1.35 GHz, HiFi2 bf16
 _BH_DRAM_BW = Figure(512 * GB, "B (p150: 512 GB/s)")
 _BH_DRAM = Figure(32 * GB, "B (p150: 32 GB GDDR6)")
 
+
 # --- comparison --------------------------------------------------------------------------------------------
-_NVLINK = AxisLink(
-    "switch",
-    {
-        k: CollectiveFit(
+def _uniform_link(topology: str, base: Figure, per_hop: Figure, bandwidth: Figure, note: str) -> AxisLink:
+    """A link with one fit for every collective kind but the permute (vendor figures, not measured)."""
+    return AxisLink(topology, {k: CollectiveFit(base, per_hop, bandwidth) for k in KINDS[:4]}, note=note)
+
+
+# (topology, base latency, per hop, bandwidth, note): the comparison systems' one-fit links
+_NVLINK, _ICI = (
+    _uniform_link(*row)
+    for row in (
+        (
+            "switch",
             Figure(8.4 * US, "T (NCCL ring/simple base)"),
             Figure(3.4 * US, "T (per step)"),
             Figure(370 * GB, "S (NCCL all-reduce busbw ~370 GB/s)"),
-        )
-        for k in KINDS[:4]
-    },
-    note="NVSwitch: one hop between any two GPUs",
-)
-_ICI = AxisLink(
-    "line",
-    {
-        k: CollectiveFit(
+            "NVSwitch: one hop between any two GPUs",
+        ),
+        (
+            "line",
             Figure(1 * US, "Q (~1 µs per ICI hop)"),
             Figure(1 * US, "Q"),
             Figure(90 * GB, "Q (v6e ICI 90 GB/s per link one-way)"),
-        )
-        for k in KINDS[:4]
-    },
-    note="v6e-8 has no wraparound (only axes of 16 do, Q)",
+            "v6e-8 has no wraparound (only axes of 16 do, Q)",
+        ),
+    )
 )
+
+
+_WH = (_WH_PEAK, _WH_DRAM_BW, _WH_DRAM)
+_BH = (_BH_PEAK, _BH_DRAM_BW, _BH_DRAM)
+
+
+def _tenstorrent(name: str, description: str, shape, axes, chip) -> HardwareProfile:
+    """A Tenstorrent system: its mesh and links, the chip's (peak, DRAM bandwidth, DRAM), 32x32 tiles."""
+    return HardwareProfile(name, description, shape, axes, *chip, _TT_LAUNCH, tile=32)
 
 
 PROFILES: dict[str, HardwareProfile] = {
     p.name: p
     for p in [
-        HardwareProfile(
+        _tenstorrent(
             "wh-n300",
             "Wormhole n300 card: 2 chips, 1 usable link between them (H)",
             (1, 2),
             (_wh_axis("line", 1), _wh_axis("line", 1)),
-            _WH_PEAK,
-            _WH_DRAM_BW,
-            _WH_DRAM,
-            _TT_LAUNCH,
-            tile=32,
+            _WH,
         ),
-        HardwareProfile(
+        _tenstorrent(
             "wh-loudbox",
             "Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J)",
             (2, 4),
             (_wh_axis("line", 1), _wh_axis("line", 1)),
-            _WH_PEAK,
-            _WH_DRAM_BW,
-            _WH_DRAM,
-            _TT_LAUNCH,
-            tile=32,
+            _WH,
         ),
-        HardwareProfile(
+        _tenstorrent(
             "wh-galaxy",
             "Wormhole Galaxy: 8x4 mesh, 4 links per neighbour, ring (torus) axes (J, L)",
             (8, 4),
             (_wh_axis("ring", 4), _wh_axis("ring", 4)),
-            _WH_PEAK,
-            _WH_DRAM_BW,
-            _WH_DRAM,
-            _TT_LAUNCH,
-            tile=32,
+            _WH,
         ),
-        HardwareProfile(
+        _tenstorrent(
             "bh-quietbox",
             "Blackhole QuietBox: 2x2 p150, 2 links per neighbour (B2, J, K)",
             (2, 2),
             (_bh_axis("line"), _bh_axis("line")),
-            _BH_PEAK,
-            _BH_DRAM_BW,
-            _BH_DRAM,
-            _TT_LAUNCH,
-            tile=32,
+            _BH,
         ),
-        HardwareProfile(
+        _tenstorrent(
             "bh-loudbox",
             "Blackhole LoudBox: 2x4 p150b, descriptor [LINE, RING] (B2, J)",
             (2, 4),
             (_bh_axis("line"), _bh_axis("ring")),
-            _BH_PEAK,
-            _BH_DRAM_BW,
-            _BH_DRAM,
-            _TT_LAUNCH,
-            tile=32,
+            _BH,
         ),
-        HardwareProfile(
+        _tenstorrent(
             "bh-galaxy",
             "Blackhole Galaxy: 8x4 torus XY [RING, RING], 2 links per neighbour (J)",
             (8, 4),
             (_bh_axis("ring"), _bh_axis("ring")),
-            _BH_PEAK,
-            _BH_DRAM_BW,
-            _BH_DRAM,
-            _TT_LAUNCH,
-            tile=32,
+            _BH,
         ),
         HardwareProfile(
             "h100x8",

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 from planner.collective import Collective
-from planner.graph import Graph, Location
+from planner.graph import TUPLE_OPS, Graph, Location, Node
 from planner.mesh import MeshError, MeshSpec, PartitionSpec, normalize_spec
 from planner.placements import Guard, Layout, check_spec
 
@@ -76,6 +76,11 @@ class ActivationConstraint:
     reason: str = ""
     input: Optional[int] = None
 
+    @classmethod
+    def whole(cls, node: Node, reason: str) -> "ActivationConstraint":
+        """`node`'s output kept whole (replicated on every dim)."""
+        return cls(node.location, (None,) * len(node.out.shape), node.out.shape, reason=reason)
+
     def to_json(self) -> dict:
         out = {
             "node": str(self.location),
@@ -101,28 +106,29 @@ class ActivationConstraint:
         )
 
 
-@dataclass(frozen=True)
-class Predicted:
-    step_seconds: float = 0.0
-    compute_seconds: float = 0.0
-    comm_seconds: float = 0.0
-    memory_bytes_per_device: int = 0
+class _Fields:
+    """A record written to plan.json field for field."""
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
-class SolverInfo:
+class Predicted(_Fields):
+    step_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    comm_seconds: float = 0.0
+    memory_bytes_per_device: int = 0
+
+
+@dataclass(frozen=True)
+class SolverInfo(_Fields):
     status: str = "none"  # OPTIMAL | FEASIBLE | hand-written | ...
     objective: float = 0.0
     seconds: float = 0.0
     variables: int = 0
     constraints: int = 0
     gap: float = 0.0
-
-    def to_json(self) -> dict:
-        return dict(self.__dict__)
 
 
 @dataclass(frozen=True)
@@ -581,7 +587,12 @@ class Plan:
             if a.location not in by_loc:
                 continue
             if a.input is None:
-                forced[by_loc[a.location].name] = Layout.from_spec(a.spec)
+                node = by_loc[a.location]
+                if a.output or node.op in TUPLE_OPS:  # output k of a tuple-valued op: the getitem taking it
+                    node = graph.picker(node.name, a.output)
+                    if node is None:
+                        continue
+                forced[node.name] = Layout.from_spec(a.spec)
             else:
                 inputs[(by_loc[a.location].name, a.input)] = Layout.from_spec(a.spec)
         return forced, inputs

@@ -172,12 +172,15 @@ def evaluate(
             for kind, axes, shape in redistribute(metas[i], have, want, mesh):
                 charge(kind, axes, shape, metas[i].itemsize, where, why)
             ins[i] = want
-        if node.op == "getitem" and ins and metas and _selects_output(graph, node):
+        idx = graph.picks(node)
+        if idx is not None and ins and metas:
             src = graph[node.inputs[0]]
-            idx = int(node.attrs["args"][1])
-            ev.layouts[node.name] = (
-                ev.layouts.get(src.name, ())[idx] if src.name in ev.layouts else Layout.replicated(len(node.out.shape)),
-            )
+            have = ev.layouts[src.name][idx] if src.name in ev.layouts else Layout.replicated(len(node.out.shape))
+            want = forced.get(node.name)  # a constraint on output idx of the tuple-valued op
+            if want is not None:
+                for kind, axes, shape in redistribute(node.out, have, want, mesh):
+                    charge(kind, axes, shape, node.out.itemsize, str(src.location), "activation constraint")
+            ev.layouts[node.name] = (want or have,)
             continue
         fn, known = rule_for(node.op)
         if not known:
@@ -251,11 +254,6 @@ def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, m
         )
         del reduced[src.name]
         return
-
-
-def _selects_output(graph: Graph, node: Node) -> bool:
-    src = graph[node.inputs[0]]
-    return len(src.outputs) > 1 or src.op in ("chunk", "split", "unbind", "tensor_split")
 
 
 def _inputs(graph: Graph, node: Node, ev: Evaluation) -> tuple[list[Optional[Layout]], list[Optional[TensorMeta]]]:

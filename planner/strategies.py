@@ -64,6 +64,7 @@ class Macro:
     self_attention: bool = False
     sdpa: Optional[str] = None
     qkv: tuple[str, ...] = ()  # the linear producing each of SDPA's q, k, v (one linear twice when fused)
+    kv: tuple[str, ...] = ()  # the linears producing the K and V of every SDPA (I2V: text and image)
     packed: tuple[Packed, ...] = ()  # weights/biases the macro's linears read packed from parameters
 
 
@@ -224,15 +225,17 @@ def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node])
     )
     folded = {x for p in packed for x in p.nodes}
     nodes = tuple(n.name for n in ns if n.name not in folded)  # packing runs once per weight version, not per call
-    sdpa = next((n for n in ns if n.op == "scaled_dot_product_attention"), None)
-    if sdpa is not None:
+    sdpas = [n for n in ns if n.op == "scaled_dot_product_attention"]
+    if sdpas:
+        sdpa = sdpas[0]
         heads = int(sdpa.out.shape[1])
         inside = set(nodes)
         qkv = tuple(_producing_linear(graph, x, inside, module) for x in sdpa.inputs[:3])
+        kv = tuple(dict.fromkeys(_producing_linear(graph, x, inside, module) for s in sdpas for x in s.inputs[1:3]))
         q, k = graph[qkv[0]], graph[qkv[1]]
         self_attn = q.inputs[0] == k.inputs[0]
         return Macro(
-            name, "attention", module, in_block, nodes, params, linears, heads, self_attn, sdpa.name, qkv, packed
+            name, "attention", module, in_block, nodes, params, linears, heads, self_attn, sdpa.name, qkv, kv, packed
         )
     width = int(graph[linears[0]].out.shape[-1])
     return Macro(name, "mlp", module, in_block, nodes, params, linears, width, packed=packed)
@@ -485,7 +488,7 @@ def _scales_projection(graph: Graph, macro: Macro, param: str) -> bool:
             x = graph[u.inputs[0]]
             while x.op != "linear" and x.inputs and x.name in macro.nodes:
                 x = graph[x.inputs[0]]
-            if x.name in macro.qkv:
+            if x.name in macro.qkv or x.name in macro.kv:
                 return True
     return False
 
@@ -495,7 +498,7 @@ _RESHAPES = ("view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze")
 
 def _reads_stream(graph: Graph, macro: Macro, lin: Node) -> bool:
     """True unless the linear reads the text states (cross-attention K/V: tokens never split)."""
-    return macro.self_attention or lin.name not in macro.qkv[1:] or lin.name == macro.qkv[0]
+    return macro.self_attention or lin.name not in macro.kv or lin.name == macro.qkv[0]
 
 
 def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool, stream: Stream = ((), ())) -> str:

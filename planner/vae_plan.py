@@ -38,25 +38,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from planner import pricing
+from planner import engine, pricing
 from planner.cost_model import collective_seconds, to_ns
-from planner.explain import explain_choices
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile, default_hardware, get_profile
-from planner.ilp import Edge, Group, Infeasible, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import Edge, Group
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, numel, shard_count
-from planner.plan import (
-    ActivationConstraint,
-    Decision,
-    Exclusion,
-    MemoryBudgetError,
-    Plan,
-    PlanError,
-    Predicted,
-    SolverInfo,
-    SolverTimeout,
-)
+from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted
 from planner.propagate import Evaluation, redistribute
 
 KIB = 1024
@@ -363,9 +352,26 @@ PRESETS = {
 }
 
 
-class _VaeCtx:
-    def __init__(self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, vals: dict):
-        self.g, self.mesh, self.hw, self.vals = graph, mesh, hw, vals
+class VaeFamily:
+    """The VAE decode as a model family of `planner.engine`: its macros (`find_macros`, identical
+    residual blocks sharing one group), their options priced by the op rules, the stream edges;
+    its decisions and its plan."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        mesh: MeshSpec,
+        hw: HardwareProfile,
+        *,
+        values: Optional[Mapping[str, int]] = None,
+        only: Optional[Mapping[str, str]] = None,
+        preset: str = "auto",
+        model: str = "",
+    ):
+        if preset not in PRESETS:
+            raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
+        self.g, self.mesh, self.hw, self.vals = graph, mesh, hw, dict(values or {})
+        self.preset, self.restricts, self.model = preset, (PRESETS[preset], dict(only or {})), model
         self.macros = find_macros(graph)
         self.macro_of = {x: m.name for m in self.macros for x in m.nodes}
         self.by_name = {m.name: m for m in self.macros}
@@ -400,6 +406,44 @@ class _VaeCtx:
         return pricing.reshard_seconds(
             meta, stream_layout(k, meta), stream_layout(l, meta), self.mesh, self.hw, self.vals
         )
+
+    def problem(self) -> engine.Problem:
+        groups: list[Group] = []
+        tables: dict[str, tuple[VaeStrategy, ...]] = {}
+        excluded: dict[str, tuple[Exclusion, ...]] = {}
+        evals: dict[tuple[str, str], Evaluation] = {}
+        for gname, members in self.members.items():
+            rep = members[0]
+            opts, why = macro_strategies(self.g, rep, self.mesh, self.crossing(rep))
+            kept = [s for s in opts if all(_matches(r, rep, s.name, self.mesh) for r in self.restricts)]
+            if not kept:
+                wanted = [r.get(rep.name, r.get(rep.kind, r.get("*"))) for r in self.restricts]
+                raise PlanError(
+                    f"{rep.name} ({rep.kind}): no legal strategy matches preset {self.preset!r} and only="
+                    f"{[w for w in wanted if w]!r}; legal: "
+                    + ", ".join(s.name for s in opts)
+                    + ("; excluded: " + "; ".join(f"{x.option}: {x.reason}" for x in dict.fromkeys(why)) if why else "")
+                )
+            why += [Exclusion(s.name, f"restricted by preset {self.preset!r} / only") for s in opts if s not in kept]
+            options = []
+            for s in kept:
+                ev = evals[gname, s.name] = self.evaluate(rep, s)
+                options.append(pricing.option(s.name, s.key, ev, self.param_bytes(rep, s) * len(members)))
+            groups.append(Group(gname, tuple(options), len(members)))
+            tables[gname], excluded[gname] = tuple(kept), tuple(why)
+        hint = {g.name: next((i for i, o in enumerate(g.options) if o.key[0] == "hw"), 0) for g in groups}
+        return engine.Problem(tuple(groups), tuple(_edges(self, tables)), tables, excluded, evals, hint=hint)
+
+    subject = "the VAE decode"
+
+    def advice(self, budget: float) -> tuple[str, tuple[str, ...]]:
+        return ", use more devices, or decode chunked-T with a smaller t_chunk", ()
+
+    def decisions(self, problem: engine.Problem, solution: engine.Solution) -> tuple[Decision, ...]:
+        return _decisions(self, problem, solution)
+
+    def assemble(self, problem: engine.Problem, solution: engine.Solution, decisions) -> Plan:
+        return _assemble(self, solution, decisions)
 
 
 def _matches(only: Mapping[str, str], m: Macro, name: str, mesh: MeshSpec) -> bool:
@@ -437,62 +481,13 @@ def plan_vae(
         PlanError: no plan fits the memory budget, or `only` leaves a macro without a legal strategy
             (the message lists why the wanted ones were excluded, e.g. an uneven spatial split).
     """
-    if preset not in PRESETS:
-        raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or default_hardware(mesh))
-    restricts = [PRESETS[preset], dict(only or {})]
-    ctx = _VaeCtx(graph, mesh, hw, dict(values or {}))
-    groups: list[Group] = []
-    tables: dict[str, list[VaeStrategy]] = {}
-    excluded: dict[str, list[Exclusion]] = {}
-    evals: dict[tuple[str, str], Evaluation] = {}
-    for gname, members in ctx.members.items():
-        rep = members[0]
-        opts, why = macro_strategies(graph, rep, mesh, ctx.crossing(rep))
-        kept = [s for s in opts if all(_matches(r, rep, s.name, mesh) for r in restricts)]
-        if not kept:
-            wanted = [r.get(rep.name, r.get(rep.kind, r.get("*"))) for r in restricts]
-            raise PlanError(
-                f"{rep.name} ({rep.kind}): no legal strategy matches preset {preset!r} and only="
-                f"{[w for w in wanted if w]!r}; legal: "
-                + ", ".join(s.name for s in opts)
-                + ("; excluded: " + "; ".join(f"{x.option}: {x.reason}" for x in dict.fromkeys(why)) if why else "")
-            )
-        why += [Exclusion(s.name, f"restricted by preset {preset!r} / only") for s in opts if s not in kept]
-        options = []
-        for s in kept:
-            ev = ctx.evaluate(rep, s)
-            evals[gname, s.name] = ev
-            options.append(pricing.option(s.name, s.key, ev, ctx.param_bytes(rep, s) * len(members)))
-        groups.append(Group(gname, tuple(options), len(members)))
-        tables[gname], excluded[gname] = kept, why
-    edges = _edges(ctx, tables)
+    family = VaeFamily(graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model)
     budget = memory_gb * 1e9 if memory_gb is not None else float(hw.dram_bytes)
-    memory_kib = int(budget // KIB)
-    hint = {g.name: next((i for i, o in enumerate(g.options) if o.key[0] == "hw"), 0) for g in groups}
-    try:
-        res = solve(groups, edges, memory_kib=memory_kib, hint=hint, time_limit_s=time_limit_s)
-    except TimedOut as e:
-        raise SolverTimeout(
-            f"the VAE solver stopped at its time limit ({time_limit_s:g} s) before finding any plan (status "
-            f"{e.status}) on mesh {mesh}; raise time_limit_s",
-            time_limit_s=time_limit_s,
-        ) from None
-    except Infeasible:
-        need = budget_gb(min_memory_kib(groups, time_limit_s=time_limit_s)[0], 0.0)
-        raise MemoryBudgetError(
-            f"no VAE plan fits {budget / 1e9:.6g} GB per device on mesh {mesh}: the smallest plan on this mesh "
-            f"needs {need:.6g} GB per device (raise memory_gb to at least {need:.6g}, use more devices, or "
-            "decode chunked-T with a smaller t_chunk)",
-            budget_gb=budget / 1e9,
-            need_gb=need,
-        ) from None
-    chosen = {g.name: tables[g.name][res.choice[g.name]] for g in groups}
-    decisions = _decisions(ctx, groups, edges, res, memory_kib, excluded)
-    return _assemble(ctx, chosen, res, decisions, model or graph.model, evals)
+    return engine.plan(family, budget, time_limit_s)
 
 
-def _edges(ctx: _VaeCtx, tables: dict[str, list[VaeStrategy]]) -> list[Edge]:
+def _edges(ctx: VaeFamily, tables: Mapping[str, tuple[VaeStrategy, ...]]) -> list[Edge]:
     costs: dict[tuple[str, str], dict] = {}
     for m in ctx.macros:
         dst = ctx.group_of[m.name]
@@ -511,7 +506,7 @@ def _edges(ctx: _VaeCtx, tables: dict[str, list[VaeStrategy]]) -> list[Edge]:
     return [Edge(a, b, 1, c) for (a, b), c in costs.items()]
 
 
-def _decisions(ctx: _VaeCtx, groups, edges, res, memory_kib, excluded) -> tuple[Decision, ...]:
+def _decisions(ctx: VaeFamily, problem: engine.Problem, solution: engine.Solution) -> tuple[Decision, ...]:
     """One typed Decision per group (`planner.explain.explain_choices`): costs per decode; the stream
     of an option is the layout of the group's first input under its key."""
 
@@ -520,11 +515,11 @@ def _decisions(ctx: _VaeCtx, groups, edges, res, memory_kib, excluded) -> tuple[
         return stream_layout(key, ctx.g[crossing[0]].out).show(ctx.mesh) if crossing else ""
 
     members = {name: tuple(m.name for m in ms) for name, ms in ctx.members.items() if len(ms) > 1}
-    return explain_choices(groups, edges, res, memory_kib, excluded, "decode", stream=stream, members=members)
+    return engine.explain(problem, solution, "decode", stream=stream, members=members)
 
 
-def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, model: str, evals) -> Plan:
-    g, mesh = ctx.g, ctx.mesh
+def _assemble(ctx: VaeFamily, solution: engine.Solution, decisions) -> Plan:
+    g, mesh, chosen = ctx.g, ctx.mesh, solution.chosen
     events: Counter = Counter()
     compute = 0.0
     warnings: list[str] = []
@@ -584,14 +579,14 @@ def _assemble(ctx: _VaeCtx, chosen: dict[str, VaeStrategy], res, decisions, mode
     ]
     notes += [f"warning: {w}" for w in dict.fromkeys(warnings)]
     return Plan(
-        model=model,
+        model=ctx.model,
         mesh=mesh,
         params=params,
         activations=tuple(acts),
         hardware=ctx.hw.name,
         collectives=collectives,
         predicted=Predicted(compute + comm, compute, comm, memory),
-        solver=SolverInfo(res.status, res.objective_ns / 1e9, res.seconds, res.variables, res.constraints, res.gap),
+        solver=engine.solver_info(solution),
         decisions=tuple(decisions),
         notes=tuple(notes),
         weight_sets=1,

@@ -19,6 +19,7 @@ def tiny_dirs(tmp_path_factory):
         "hand-2x4": ["--mesh", "2x4", "--hand", "tt-xla"],
         "hand-8x4": ["--mesh", "8x4", "--hand", "tt-xla"],
         "auto-2x4": ["--mesh", "2x4", "--memory-gb", "0.00025"],
+        "preset-2x4": ["--mesh", "2x4", "--preset", "tt-xla"],
     }.items():
         d = tmp_path_factory.mktemp(name)
         hardware = "wh-galaxy" if "8x4" in name else "wh-loudbox"  # a profile at least as large as the mesh
@@ -51,6 +52,22 @@ def test_plan_writes_three_dumps_and_logs_steps_with_v(tmp_path, capsys):
         assert (tmp_path / name).stat().st_size > 1000 and f"wrote {tmp_path / name}" in out
     assert "INFO wancompile: [1/3] capturing 2-block tiny transformer on meta done in" in err
     assert "INFO wancompile: [3/3] writing plan.json, plan.md, plan.html done in" in err
+
+
+def test_preset_tt_xla_is_the_hand_plan_through_the_engine(tiny_dirs):
+    from planner.plan import load_plan
+
+    preset, hand = (load_plan(tiny_dirs[k] / "plan.json") for k in ("preset-2x4", "hand-2x4"))
+    assert {d.node: d.strategy for d in preset.decisions} == {
+        "blocks.*.attn1 (x2)": "head-TP(model)+SP(batch)",
+        "blocks.*.attn2 (x2)": "head-TP(model)+SP(batch)",
+        "blocks.*.ffn (x2)": "Megatron(model)+SP(batch)",
+        "condition_embedder.time_embedder": "Megatron(model)",
+        "condition_embedder.text_embedder": "Megatron(model)",
+    }
+    assert all(d.state == "STATE A" for d in preset.decisions if d.node.startswith("blocks."))
+    assert all(any(x.reason == "not the tt-xla preset" for x in d.excluded) for d in preset.decisions)
+    assert preset.predicted.step_seconds == pytest.approx(hand.predicted.step_seconds, rel=1e-9)
 
 
 def test_progress_is_live_on_a_terminal():

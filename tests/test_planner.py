@@ -260,3 +260,26 @@ def test_the_tt_xla_hand_plan_is_a_preset_of_the_same_engine(a14b):
         }
     with pytest.raises(PlanError, match="unknown DiT plan preset"):
         plan_graph(a14b, parse_mesh("2x4"), "wh-loudbox", preset="seed")
+
+
+def test_i2v_text_kv_projections_are_never_split_on_the_text_tokens():
+    """An I2V block's cross-attention runs two SDPAs, the image tokens' first. The projections that
+    make K and V of either are found by dataflow: read from the text or image states, never pinned
+    split on those tokens (once the text K/V took the stream's token split, GSPMD propagated it back
+    into the text states and emitted permutes no plan predicted)."""
+    from planner.hardware import default_hardware
+    from wancompile.capture import capture_module
+
+    from fuzz_cases import ALL, build
+
+    case = ALL["f27-1x2-1h16-L2-ffn40-lat4x2x6-p222-txt512-img6-min"]
+    model, inputs = build(case)
+    graph = capture_module(model, **inputs, return_dict=False, model="tiny")[0]
+    mesh = parse_mesh("1x2")
+    with pytest.raises(MemoryBudgetError) as e:
+        plan_graph(graph, mesh, default_hardware(mesh), memory_gb=1e-9)
+    plan = plan_graph(graph, mesh, default_hardware(mesh), memory_gb=e.value.need_gb)
+    assert any("SP(" in d.strategy for d in plan.decisions if d.node.startswith("blocks.*.attn2"))
+    kv = {f"blocks.0.attn2.{p}" for p in ("to_k", "to_v", "add_k_proj", "add_v_proj")}
+    pins = {str(a.location.module): a.spec for a in plan.activations if a.location.module in kv}
+    assert set(pins) == kv and all(spec[1] is None for spec in pins.values()), pins

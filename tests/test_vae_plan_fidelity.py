@@ -36,7 +36,10 @@ MESHES = {"2x2": 4, "2x4": 8}  # mesh -> devices
 SUITES = {
     "spatial": {"spatial": ("spatial", {}), "2d": ("spatial", {"*": r"\(H:batch,W:model\)$"})},
     "channel": {"channel-megatron": ("channel-megatron", {})},
+    "wan2.2": {"2d": ("spatial", {"*": r"\(H:batch,W:model\)$"})},
 }
+# suite -> (config, latent) where not CONFIG, LATENT: Wan 2.2's VAE (z_dim 48, DupUp3D shortcuts)
+MODELS = {"wan2.2": ("tiny-wan2.2", (1, 48, 3, 8, 8))}
 
 
 def _run(mesh: str, suite: str = "spatial") -> tuple[list[dict], str]:
@@ -56,6 +59,17 @@ def test_spatial_vae_plan_compiles_to_its_predicted_collectives(mesh):
     assert {s for s in rows[1]["strategies"].values()} <= {"spatial(H:batch,W:model)", "gather(H:batch,W:model)"}
     axes = {tuple(m["axes"]) for m in rows[1]["matches"] if m["kind"] == "collective-permute"}
     assert axes == {("batch",), ("model",)}, rows[1]["table"]  # halos on both split dims
+
+
+@pytest.mark.slow
+def test_wan22_spatial_decode_compiles_to_its_predicted_collectives():
+    """Wan 2.2's VAE: its ``avg_shortcut`` (DupUp3D) duplicates channels with ``repeat_interleave``,
+    whose rule keeps the H/W split (no rule: the planner predicted 4 all-gathers where GSPMD emits 1)."""
+    rows, stderr = _run("2x4", "wan2.2")
+    assert "Involuntary full rematerialization" not in stderr, stderr[-3000:]
+    (row,) = rows
+    _check(row)
+    assert row["strategies"]["decoder.up_blocks.0.avg_shortcut"] == "spatial(H:batch,W:model)", row["strategies"]
 
 
 def _check(row: dict) -> None:
@@ -144,8 +158,9 @@ def _main(mesh: str, suite: str) -> None:
     from wancompile.vae.configs import build_vae
     from wancompile.vae.legalize import fold_conv_padding
 
-    vae = wvae.enable_full_t(build_vae(CONFIG))
-    z = torch.randn(*LATENT, generator=torch.Generator().manual_seed(0))
+    config, latent = MODELS.get(suite, (CONFIG, LATENT))
+    vae = wvae.enable_full_t(build_vae(config))
+    z = torch.randn(*latent, generator=torch.Generator().manual_seed(0))
     spec = parse_mesh(mesh)
     graph = annotate(fold_conv_padding(capture_fx(vae.decode, z))[0], model="wan-vae")
     for case, (preset, only) in SUITES[suite].items():

@@ -130,6 +130,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default) or a comma-separated list of qkv, rmsnorm, conv1x1, patch_embed, rope, sp_pad",
     )
     plan.add_argument(
+        "--preset",
+        choices=["auto", "tt-xla"],
+        default="auto",
+        help="auto: the solver decides (default); tt-xla: the seed's hand plan through the same engine "
+        "(head-TP / Megatron on the last mesh axis, SP on the others, STATE A), its decisions and bill the rules'",
+    )
+    plan.add_argument(
         "--hand",
         choices=["tt-xla"],
         default=None,
@@ -270,6 +277,7 @@ def plan_command(args: argparse.Namespace) -> int:
                 weight_copies=experts,
                 time_limit_s=args.time_limit,
                 model=args.model,
+                preset=args.preset,
             )
     if args.rewrites:
         plan = plan.with_(rewrites=records)
@@ -335,7 +343,7 @@ def _expand_blocks(plan, num_layers: int):
                 loc = type(a.location)(
                     "blocks.%d." % i + a.location.module[len("blocks.0.") :], a.location.op, a.location.occurrence
                 )
-                if all((b.location, b.input) != (loc, a.input) for b in acts):
+                if all((b.location, b.input, b.output) != (loc, a.input, a.output) for b in acts):
                     acts.append(dataclasses.replace(a, location=loc))
     return plan.with_(params=params, activations=tuple(acts))
 

@@ -1,4 +1,5 @@
-"""View ops: permute, movedim, transpose, unsqueeze, expand, flatten, unflatten, view, reshape, squeeze.
+"""View ops: permute, movedim, transpose, unsqueeze, expand, flatten, unflatten, view, reshape, squeeze;
+repeat_interleave (a broadcast that materialises).
 
 Reshapes are matched group by group: input dims and output dims whose products are equal form a
 group (``(F, H, W) -> L``, ``D -> (H, d)``). Within a group a shard survives only on the *leading*
@@ -19,7 +20,7 @@ from typing import Sequence
 import sympy
 
 from planner.placements import Dim, Guard, Layout, divides, shard_count
-from planner.rules import OpView, RuleResult, norm_dim, register_rule
+from planner.rules import OpView, RuleResult, conservative_rule, norm_dim, register_rule
 
 
 def _eq(a: Dim, b: Dim) -> bool:
@@ -162,3 +163,17 @@ def expand_rule(op: OpView) -> RuleResult:
     shift = len(dst) - len(src)
     dims = [()] * shift + [lay.dims[d] if _eq(src[d], dst[d + shift]) else () for d in range(len(src))]
     return RuleResult((lay,) + (None,) * (len(op.ins) - 1), (Layout(tuple(dims)),))
+
+
+@register_rule("repeat_interleave")
+def repeat_interleave_rule(op: OpView) -> RuleResult:
+    """``repeat_interleave(x, r, dim)`` with an integer ``r`` (Wan 2.2's ``DupUp3D`` channel
+    duplication): the other dims keep their split; ``dim`` itself is asked whole. Tensor repeats
+    (data-dependent sizes) or no ``dim`` (a flattened result): computed replicated."""
+    lay = op.keep(0) or Layout.replicated(op.ndim(0))
+    repeats, dim = op.arg(1, "repeats"), op.arg(2, "dim")
+    if not isinstance(repeats, int) or dim is None:
+        return conservative_rule(op)
+    d = norm_dim(int(dim), lay.ndim)
+    req = lay.with_dim(d, ())
+    return RuleResult((req,), (req,), bytes=op.local_bytes(op.in_metas[0], req) + op.local_bytes(op.out, req))

@@ -55,7 +55,9 @@ KERNELS = frozenset(
 
 
 def generic(where: str) -> str:
-    """``blocks.7.attn1:linear#0`` -> ``blocks.*.attn1:linear#0`` (one row stands for every block)."""
+    """``blocks.7.attn1:linear#0`` -> ``blocks.*.attn1:linear#0`` (one row stands for every block): for
+    readers of a plan file alone (explain, diff), which name blocks as plan.json does. With the
+    captured graph at hand, `planner.graph.Graph.in_block` says it from the node's block instead."""
     return re.sub(r"^blocks\.\d+", "blocks.*", where)
 
 
@@ -83,11 +85,8 @@ def trace_plan(
     st = find_structure(graph)
     n_blocks = num_blocks or plan.layers or st.captured_blocks
     mesh = plan.mesh
-    by_loc = graph.by_location()
     forced, copies = plan.constraint_layouts(graph)
-    constraint_spec = {
-        by_loc[a.location].name: a.spec for a in plan.activations if a.location in by_loc and a.input is None
-    }
+    constraint_spec = {name: lay.to_spec() for name, lay in forced.items()}
     layouts: dict[str, tuple[Layout, ...]] = {
         p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params
     }
@@ -154,10 +153,10 @@ def _row(
     )
     group = macro_of.get(node.name) or root_macro_of.get(node.name) or (rel.split(".")[0] if rel else "") or segment
     return {
-        "loc": generic(str(node.location)),
+        "loc": str(graph.block_location(node, "*")),
         "segment": segment,
         "group": group,
-        "module": generic(module),
+        "module": graph.in_block(node, module, "*"),
         "op": node.op,
         "kernel": node.op in KERNELS,
         "weights": weights,
