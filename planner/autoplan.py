@@ -1,6 +1,8 @@
 """`plan_graph`: captured DiT graph + mesh + hardware -> `Plan`, through the ILP.
 
-Pipeline (each step is its own module):
+`DitFamily` is the DiT's side of `planner.engine` (which solves, words the failures and calls back
+to explain and assemble; the VAE is the other family, `planner.vae_plan`). Pipeline (each step is
+its own module):
 
 1. `strategies.find_structure` splits the graph into prologue, one representative block (its macros
    with their glue), epilogue; `strategies.strategies` lists each macro's legal options.
