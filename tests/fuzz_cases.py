@@ -14,7 +14,9 @@ parameter-only fold program, which runs once per parameter version; anything els
 and how many programs a second call runs.
 
 Also a script: ``python tests/fuzz_cases.py ID...`` (in a process with as many virtual devices as
-the cases' meshes) prints one ``FUZZ {json}`` line per case.
+the cases' meshes) prints one ``FUZZ {json}`` line per case; ``python tests/fuzz_cases.py --seed N``
+runs the cases of another seed (`make_cases(N)`) whose meshes have this process's device count, to
+look beyond the suite's fixed draw.
 """
 
 from __future__ import annotations
@@ -241,5 +243,12 @@ if __name__ == "__main__":
     from wancompile import runtime
 
     runtime.configure(dump_dir=Path(tempfile.mkdtemp(prefix="wancompile-fuzz-")))
-    for case_id in sys.argv[1:]:
+    ids = sys.argv[1:]
+    if ids[:1] == ["--seed"]:
+        import torch_xla.runtime as xr
+
+        drawn = make_cases(int(ids[1]))
+        ALL.update({c.id: c for c in drawn})
+        ids = [c.id for c in drawn if c.devices == xr.global_runtime_device_count()]
+    for case_id in ids:
         print("FUZZ " + json.dumps(run_case(ALL[case_id])), flush=True)
