@@ -35,8 +35,6 @@ from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanEr
 from planner.propagate import Evaluation, evaluate, redistribute
 from planner.strategies import Macro, Strategy, find_structure, strategies
 
-KIB = 1024
-
 
 def plan_graph(
     graph: Graph,

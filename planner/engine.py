@@ -17,12 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from planner.explain import explain_choices
-from planner.ilp import Edge, Group, Infeasible, SolveResult, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import KIB, Edge, Group, Infeasible, SolveResult, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
 from planner.plan import Decision, Exclusion, MemoryBudgetError, Plan, SolverInfo, SolverTimeout
 from planner.propagate import Evaluation
-
-KIB = 1024
 
 
 @dataclass(frozen=True)

@@ -20,10 +20,9 @@ from __future__ import annotations
 
 from typing import Callable, Hashable, Mapping, Sequence
 
-from planner.ilp import Edge, Group, Infeasible, SolveResult, solve
+from planner.ilp import KIB, Edge, Group, Infeasible, SolveResult, solve
 from planner.plan import Alternative, CostSplit, Decision, Exclusion, Move, OptionCost
 
-KIB = 1024
 RESOLVE_S = 2.0  # time limit of each re-solve (forbid the choice / force the cheap option)
 
 

@@ -47,6 +47,8 @@ from typing import Hashable, Mapping, Optional, Sequence
 
 from ortools.sat.python import cp_model
 
+KIB = 1024  # the unit of the memory constraint (d): bytes per KiB
+
 
 @dataclass(frozen=True)
 class Option:
@@ -190,12 +192,12 @@ def min_memory_kib(groups: Sequence[Group], *, time_limit_s: float = 5.0) -> tup
 def budget_gb(need_kib: int, fixed_bytes: float) -> float:
     """The smallest 6-significant-digit budget in GB that gives the solver `need_kib` KiB after
     the `fixed_bytes` every plan holds (the rounding of a printed number must not fall below it)."""
-    exact = (need_kib * 1024 + fixed_bytes) / 1e9
+    exact = (need_kib * KIB + fixed_bytes) / 1e9
     if exact <= 0:
         return float(f"{1e-9:.6g}")
     step = 10.0 ** (math.floor(math.log10(exact)) - 5)
     gb = float(f"{math.ceil(exact / step) * step:.6g}")
-    while int((gb * 1e9 - fixed_bytes) // 1024) < need_kib:
+    while int((gb * 1e9 - fixed_bytes) // KIB) < need_kib:
         gb = float(f"{gb + step:.6g}")
     return gb
 

@@ -26,12 +26,10 @@ from planner.collective import Collective
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph, TensorMeta
 from planner.hardware import HardwareProfile
-from planner.ilp import Option
+from planner.ilp import KIB, Option
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, local_shape, numel
 from planner.propagate import Evaluation, evaluate, redistribute
-
-KIB = 1024
 
 # Live at once around the largest op: its inputs and output (the live set), the residual stream they
 # came from, and one fused temporary. An estimate; tests/test_vae_budget.py checks it bounds the

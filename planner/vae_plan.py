@@ -48,7 +48,6 @@ from planner.placements import Layout, as_number, numel, shard_count
 from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted
 from planner.propagate import Evaluation, redistribute
 
-KIB = 1024
 _DEC = r"(?:^|.*?\.)decoder\."
 _PATTERNS = (
     ("resblock", re.compile(rf"^({_DEC}(?:mid_block|up_blocks\.\d+)\.resnets\.\d+)(?:\.|$)")),
