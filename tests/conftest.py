@@ -119,6 +119,24 @@ def raises_from_backend(exc_type, match):
     assert re.search(match, str(err)), f"{match!r} not in {err}"
 
 
+def assert_matches_prediction(matches, where: str) -> None:
+    """Every (kind, axes) row of a fidelity comparison (`wancompile.verify.CollectiveMatch` as the
+    scripts write it to JSON): the predicted count is the compiled one, bytes within 5 %."""
+    from wancompile.verify import CollectiveMatch
+
+    for m in matches:
+        row = CollectiveMatch(
+            m["kind"],
+            tuple(m["axes"]),
+            m["predicted_count"],
+            m["observed_count"],
+            m["predicted_bytes"],
+            m["observed_bytes"],
+        )
+        assert row.count_ok, f"{where}: predicted != compiled ({row.kind} {row.axes})"
+        assert row.bytes_ok(), f"{where}: bytes off by more than 5% ({row.kind} {row.axes})"
+
+
 def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
     """Run a fidelity script (one JSON object per ``FIDELITY {...}`` line); return (rows, stderr)."""
     import json

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_matches_prediction
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # mesh -> (devices, cases); a case is (name, backend options, only= restriction or None)
@@ -66,11 +68,7 @@ def _check(row: dict) -> None:
     assert row["pcc"] >= 0.99999, (where, row["pcc"], row["max_abs"])
     table = "\n".join(row["table"])
     assert row["matches"], where
-    for m in row["matches"]:
-        assert m["predicted_count"] == m["observed_count"], f"{where}\n{table}"
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
-            m["predicted_bytes"], m["observed_bytes"]
-        ), f"{where}\n{table}"
+    assert_matches_prediction(row["matches"], f"{where}\n{table}")
     assert not row["combined"], f"{where}: XLA combined collectives other than all-to-all: {row['combined']}"
     assert row["sharded_params"] > 0 or row["case"].startswith("ulysses"), where
 

@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from conftest import run_script
+from conftest import assert_matches_prediction, run_script
 from error_cases import documented
 from fuzz_cases import ALL, BUDGETS, CASES, FIXED, ILLEGAL_SPLIT, MESHES, run_case
 
@@ -46,11 +46,7 @@ def _judge(row: dict) -> None:
     table = "\n".join(row["table"])
     where = f"{row['id']} ({row['strategies']})"
     assert row["pcc"] >= 0.99999, (where, row["pcc"], row["max_abs"])
-    for m in row["matches"]:
-        assert m["predicted_count"] == m["observed_count"], f"{where}: predicted != compiled\n{table}"
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
-            m["predicted_bytes"], m["observed_bytes"]
-        ), f"{where}: bytes off by more than 5%\n{table}"
+    assert_matches_prediction(row["matches"], f"{where}\n{table}")
     assert not row["other_programs"], f"{where}: unpredicted programs compiled per call: {row['other_programs']}"
     assert row["fold_collectives"] in (0, None), f"{where}: the fold program holds collectives no plan predicts"
     assert row["programs_per_call"] == 1, f"{where}: {row['programs_per_call']} programs per call, not 1"

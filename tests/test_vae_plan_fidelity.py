@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import assert_matches_prediction
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "tiny-wan2.1"
 LATENT = (1, 16, 3, 8, 8)  # (B, C, T, H, W): 8 x 8 splits evenly on 2 and 4 devices at every stage
@@ -80,11 +82,7 @@ def _check(row: dict) -> None:
     assert row["pcc"] >= 0.99999, (row["pcc"], row["max_abs"])
     # the plan is spatial: every residual block is split on H/W
     assert all(s.startswith("spatial") for k, s in row["strategies"].items() if ".resnets." in k), row["strategies"]
-    for m in row["matches"]:
-        assert m["predicted_count"] == m["observed_count"], table
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
-            m["predicted_bytes"], m["observed_bytes"]
-        ), table
+    assert_matches_prediction(row["matches"], table)
     kinds = {m["kind"] for m in row["matches"] if m["observed_count"]}
     assert "collective-permute" in kinds, table
     resblock = next(s for k, s in row["strategies"].items() if ".resnets." in k)
@@ -111,11 +109,7 @@ def test_channel_megatron_vae_plan_compiles_to_its_predicted_collectives(mesh):
         "strategies"
     ]
     assert all(s == "replicated" for k, s in row["strategies"].items() if k not in blocks), row["strategies"]
-    for m in row["matches"]:
-        assert m["predicted_count"] == m["observed_count"], table
-        assert abs(m["predicted_bytes"] - m["observed_bytes"]) <= 0.05 * max(
-            m["predicted_bytes"], m["observed_bytes"]
-        ), table
+    assert_matches_prediction(row["matches"], table)
     assert {(m["kind"], tuple(m["axes"])) for m in row["matches"] if m["observed_count"]} == {
         ("all-reduce", ("batch", "model"))
     }, table
