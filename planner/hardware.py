@@ -73,6 +73,7 @@ class HardwareProfile:
         default_factory=lambda: Figure(0.7, "autoparallel cost_models/compute_estimation.py (0.7 of peak)", True)
     )
     tile: int = 1  # token granularity the kernels want per device (TT tiles are 32x32)
+    vendor: str = ""  # "tenstorrent": compiled by tt-mlir (planner.targets.default_target)
 
     def axis(self, index: int, size: int) -> AxisLink:
         """The link of mesh axis `index`; a mesh that differs from the profile's native shape uses
@@ -203,7 +204,7 @@ _BH = (_BH_PEAK, _BH_DRAM_BW, _BH_DRAM)
 
 def _tenstorrent(name: str, description: str, shape, axes, chip) -> HardwareProfile:
     """A Tenstorrent system: its mesh and links, the chip's (peak, DRAM bandwidth, DRAM), 32x32 tiles."""
-    return HardwareProfile(name, description, shape, axes, *chip, _TT_LAUNCH, tile=32)
+    return HardwareProfile(name, description, shape, axes, *chip, _TT_LAUNCH, tile=32, vendor="tenstorrent")
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -298,3 +299,8 @@ def get_profile(name: str) -> HardwareProfile:
         return PROFILES[name]
     except KeyError:
         raise ValueError(f"unknown hardware profile {name!r}; choose one of {', '.join(sorted(PROFILES))}") from None
+
+
+def is_tenstorrent(name: str) -> bool:
+    """Whether profile `name` is a Tenstorrent system (its programs are compiled by tt-mlir)."""
+    return get_profile(name).vendor == "tenstorrent"

@@ -476,6 +476,15 @@ class Plan:
     # plan was not budgeted (hand-written, replicated) or was saved before plans recorded it.
     weight_sets: Optional[int] = None
     cfg_parallel: Optional[CfgParallel] = None  # batch-2 DiT plans: the CFG-parallel choice (planner.cfg)
+    target: str = "gspmd"  # the partitioner the plan is for (planner.targets)
+
+    def predicted_by_partitioner(self) -> dict[str, tuple[Collective, ...]]:
+        """The predicted collectives as each partitioner compiles them (`planner.targets.Target.lower`):
+        ``gspmd`` is ``collectives`` itself; ``tt-mlir`` counts TTNN ops (one per mesh axis,
+        point-to-point transfers as collective-permutes)."""
+        from planner.targets import TARGETS
+
+        return {name: t.lower(self.collectives, self.mesh) for name, t in TARGETS.items()}
 
     @property
     def user_mesh(self) -> MeshSpec:
@@ -627,6 +636,10 @@ class Plan:
             "params": {k: spec_to_json(v) for k, v in self.params.items()},
             "activations": [a.to_json() for a in self.activations],
             "collectives": [c.to_json() for c in self.collectives],
+            "target": self.target,
+            "predicted_by_partitioner": {
+                name: [c.to_json() for c in cs] for name, cs in self.predicted_by_partitioner().items()
+            },
             "predicted": self.predicted.to_json(),
             "decisions": [d.to_json() for d in self.decisions],
             "rewrites": [r.to_json() for r in self.rewrites],
@@ -682,6 +695,7 @@ class Plan:
                     CfgParallel.from_json(data["cfg_parallel"]) if data.get("cfg_parallel") is not None else None
                 ),
                 geometry={k: v for k, v in dict(data.get("geometry", {})).items() if k != "layers"},
+                target=_target_from_json(data.get("target", "gspmd")),
             )
         except PlanError:
             raise
@@ -689,6 +703,14 @@ class Plan:
             raise PlanError(
                 f"plan.json is malformed ({type(e).__name__}: {e}); regenerate it with `wancompile plan`"
             ) from None
+
+
+def _target_from_json(value: Any) -> str:
+    from planner.targets import TARGETS
+
+    if value not in TARGETS:
+        raise PlanError(f"plan.json field 'target' must be one of {', '.join(TARGETS)}, got {value!r}")
+    return str(value)
 
 
 def _weight_sets_from_json(value: Any) -> Optional[int]:

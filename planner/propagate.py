@@ -47,6 +47,9 @@ class Evaluation:
     peak_bytes: float = 0.0
     warnings: list[str] = field(default_factory=list)
     guards: list[Guard] = field(default_factory=list)
+    # node -> the layout its op produces where a forced layout then reshards it (the op computes in
+    # this layout; the constraint's collectives come after it): what `planner.pins` pins first
+    unforced: dict[str, Layout] = field(default_factory=dict)
 
     @property
     def comm_seconds(self) -> float:
@@ -177,6 +180,8 @@ def evaluate(
             src = graph[node.inputs[0]]
             have = ev.layouts[src.name][idx] if src.name in ev.layouts else Layout.replicated(len(node.out.shape))
             want = forced.get(node.name)  # a constraint on output idx of the tuple-valued op
+            if want is not None and want != have:
+                ev.unforced[node.name] = have
             if want is not None:
                 for kind, axes, shape in redistribute(node.out, have, want, mesh):
                     charge(kind, axes, shape, node.out.itemsize, str(src.location), "activation constraint")
@@ -203,6 +208,8 @@ def evaluate(
         if node.name in forced and outs:
             want = forced[node.name]
             moves = redistribute(node.out, outs[0], want, mesh)
+            if want != outs[0]:
+                ev.unforced[node.name] = outs[0]
             if not moves:
                 _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw)
             for kind, axes, shape in moves:

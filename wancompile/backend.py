@@ -42,6 +42,11 @@ def last_program():
     return _RECENT[-1]
 
 
+def recent_programs() -> list:
+    """The programs compiled in this process, oldest first (the last eight)."""
+    return list(_RECENT)
+
+
 def wan_autoshard(
     gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any
 ) -> Callable:
@@ -67,12 +72,24 @@ def wan_autoshard(
         _check_rewrites(plan, opts)
     elif records:
         plan = plan.with_(rewrites=records)
+    plan = plan.with_(target=opts.target or (plan.target if isinstance(opts.plan, Path) else opts.resolved_target))
     plan.check(graph)
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, graph, plan)
 
     def lower(plan: Plan):
-        program = ShardedProgram(gm, graph, plan, mesh_for_plan(mesh_obj, plan.mesh))  # CFG split: 3-D view
+        from planner.pins import pin_layouts
+        from planner.targets import get_target
+
+        target = get_target(plan.target)
+        if target.pinned:  # the partitioner may choose nothing the plan decided (planner.pins)
+            plan = pin_layouts(graph, plan, plan.hardware or opts.hardware or default_hardware(plan.mesh))
+        xmesh = mesh_for_plan(mesh_obj, plan.mesh)  # CFG split: 3-D view
+        program = ShardedProgram(gm, graph, plan, xmesh)
+        if opts.dump_dir is not None and target.name == "tt-mlir":
+            from wancompile.tt.export import ShardyExport
+
+            program.stablehlo_sink = ShardyExport(opts.dump_dir, program_name(plan), plan, xmesh)
         program.verification = None
         _RECENT.append(program)
         del _RECENT[:-8]
@@ -93,6 +110,11 @@ def wan_autoshard(
         return lower(solve(graph, mesh, opts, values))
 
     return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
+
+
+def program_name(plan: Plan) -> str:
+    """The file stem of a program's dumps for tt-mlir (``wan-dit``, ``wan-dit.cfg2``, ``wan-vae``)."""
+    return plan.model + (".cfg2" if plan.cfg_parallel is not None else "")
 
 
 def rewrite_graph(

@@ -166,6 +166,31 @@ def _parser() -> argparse.ArgumentParser:
         "validate", parents=[common], help="check plan.json files against wancompile/schema/plan.schema.json"
     )
     va.add_argument("plans", nargs="+")
+
+    from wancompile.tt.env import SYSTEMS_DIR
+
+    systems = sorted(p.stem for p in SYSTEMS_DIR.glob("*.ttsys"))
+    tt = sub.add_parser(
+        "tt-check",
+        parents=[common],
+        help="compile a tiny model's programs through tt-mlir (compile-only) and compare TTNN's collectives with the plan's",
+    )
+    tt.add_argument("--model", default="tiny", help="tiny (transformer); tiny-wan2.1 | tiny-wan2.2 (vae)")
+    tt.add_argument("--component", default="transformer", choices=["transformer", "vae"])
+    tt.add_argument("--mesh", required=True, help="mesh shape, e.g. 2x4 (axes batch, model)")
+    tt.add_argument(
+        "--system", required=True, action="append", choices=systems, help="system descriptor (repeat for several)"
+    )
+    tt.add_argument("--plan", default=None, help="a saved plan.json, or tt-xla (the seed's hand plan)")
+    tt.add_argument("--memory-gb", type=_number("--memory-gb", positive=True), default=None)
+    tt.add_argument("--rewrites", default="none", help="as the backend's `rewrites` option")
+    tt.add_argument("--hardware", default=None, help="cost-model profile (default: the mesh's)")
+    tt.add_argument("--frames", type=_positive_int("--frames"), default=9)
+    tt.add_argument("--batch", type=_positive_int("--batch"), default=1, help="2: a CFG pair as one forward")
+    tt.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto")
+    tt.add_argument("--t-chunk", type=_positive_int("--t-chunk"), default=None, help="vae: chunked-T, k frames")
+    tt.add_argument("--out", default=None, help="directory for the programs and IRs (default: a new temp dir)")
+    tt.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
 
@@ -427,7 +452,50 @@ def validate_command(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def tt_check_command(args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+
+    from planner.mesh import parse_mesh
+    from wancompile.tt.check import check_model, format_checks
+    from wancompile.tt.env import TtUnavailable
+
+    try:
+        mesh = parse_mesh(args.mesh)
+    except ValueError as e:
+        raise UsageError(f"--mesh: {e}") from None
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="wancompile-tt-check-"))
+    try:
+        report = check_model(
+            args.model,
+            mesh,
+            args.system,
+            out,
+            component=args.component,
+            plan=args.plan,
+            memory_gb=args.memory_gb,
+            rewrites=args.rewrites,
+            frames=args.frames,
+            batch=args.batch,
+            cfg_parallel=args.cfg_parallel,
+            hardware=args.hardware,
+            t_chunk=args.t_chunk,
+        )
+    except TtUnavailable as e:
+        raise UsageError(str(e)) from None
+    if args.json:
+        print(json.dumps(report.to_json() | {"out": str(out)}))
+    else:
+        print(report.plan_summary)
+        print(f"  pinned for tt-mlir: {report.pins} pins, {report.constraints} constraints in all")
+        print(f"  on CPU (GSPMD) vs eager fp32: PCC {report.pcc:.7f}, max-abs {report.max_abs:.2e}")
+        print(format_checks(report.checks))
+        print(f"programs and IRs: {out}")
+    return 0 if report.ok else 1
+
+
 COMMANDS = {
+    "tt-check": tt_check_command,
     "plan": plan_command,
     "explain": explain_command,
     "diff": diff_command,

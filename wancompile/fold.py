@@ -225,9 +225,15 @@ class FoldedValues:
     def _alive(self, refs: list[weakref.ref], args: Sequence[Any]) -> bool:
         return all(ref() is args[i] for i, ref in zip(self.split.sources, refs))
 
-    def get(self, args: Sequence[Any], device_arg: Callable[[int], torch.Tensor]) -> list[torch.Tensor]:
+    def get(
+        self,
+        args: Sequence[Any],
+        device_arg: Callable[[int], torch.Tensor],
+        sink: Optional[Callable[[list[torch.Tensor]], None]] = None,
+    ) -> list[torch.Tensor]:
         """Folded values for the call's arguments `args` (host or XLA); `device_arg(i)` gives argument
-        i on the device, sharded as the plan says."""
+        i on the device, sharded as the plan says; `sink` is handed the fold program's traced values
+        before they are computed (`ShardedProgram.stablehlo_sink`)."""
         key = self._key(args)
         hit = self._sets.get(key)
         if hit is not None and self._alive(hit[0], args):
@@ -245,6 +251,8 @@ class FoldedValues:
         # clone: a view (``flatten`` of the ``cat``) would keep its base alive as pending IR, which the
         # next sync would compute again as an extra output of the main program.
         values = [v.clone() for v in self.split.fold(*inputs)]
+        if sink is not None:
+            sink(values)
         torch_xla._XLAC._xla_sync_multi(values, [], wait=True)
         self._sets[key] = ([weakref.ref(args[i]) for i in self.split.sources], values)
         while len(self._sets) > self.max_sets:

@@ -193,10 +193,16 @@ class Replay:
 
     @classmethod
     def trace(
-        cls, fn: Callable, args: Sequence[Any], device: torch.device, refuse: str = ""
+        cls,
+        fn: Callable,
+        args: Sequence[Any],
+        device: torch.device,
+        refuse: str = "",
+        sink: Optional[Callable[[list[torch.Tensor]], None]] = None,
     ) -> tuple[Optional["Replay"], Any, str, list[int]]:
         """(replay or None, this call's output, why not replayable or "", positions of the arguments
-        the graph wrote into); `refuse`: a reason known beforehand not to replay."""
+        the graph wrote into); `refuse`: a reason known beforehand not to replay; `sink`: handed the
+        traced output tensors before anything is compiled (`wancompile.tt.export`)."""
         import torch.utils._pytree as pytree
         import torch_xla
 
@@ -210,6 +216,8 @@ class Replay:
         host_reads = _host_reads() - host_reads
         leaves, treespec = pytree.tree_flatten(out)
         outs = [t for t in leaves if isinstance(t, torch.Tensor)]
+        if sink is not None:
+            sink(outs)
         written = C._check_tensor_need_materialization([a for _, a in tensor_args])
         mutated = [i for (i, _), w in zip(tensor_args, written) if w]
         why = (
@@ -260,6 +268,9 @@ class ShardedProgram:
     in-graph."""
 
     fold_parameters = True
+    # Called as sink(program, output tensors) when the main ("main") or fold ("fold") program traces,
+    # before XLA compiles it: `wancompile.tt.export.ShardyExport` writes the program for tt-mlir.
+    stablehlo_sink: Optional[Callable[[str, list], None]] = None
 
     def __init__(
         self,
@@ -376,7 +387,14 @@ class ShardedProgram:
         else:
             dump = runtime.current_dump_dir() if self.hlo_path is None else None
             before = hlo.dump_state(dump) if dump else {}
-            replay, out, why, mutated = Replay.trace(self.lowered, xla_args, self.device, refuse=self._host_moves or "")
+            sink = self.stablehlo_sink
+            replay, out, why, mutated = Replay.trace(
+                self.lowered,
+                xla_args,
+                self.device,
+                refuse=self._host_moves or "",
+                sink=(lambda outs: sink("main", outs)) if sink is not None else None,
+            )
             self.traces += 1
             if replay is not None:
                 self._replays[signature] = replay
@@ -436,7 +454,8 @@ class ShardedProgram:
         runs = self.fold.runs
         dump = runtime.current_dump_dir() if self.fold_hlo_path is None else None
         before = hlo.dump_state(dump) if dump else {}
-        values = self.fold.get(args, device_arg)
+        sink = self.stablehlo_sink
+        values = self.fold.get(args, device_arg, sink=(lambda outs: sink("fold", outs)) if sink is not None else None)
         if dump and self.fold.runs > runs:
             # What the fold program's HLO depends on: its ops (constraints included, node names not),
             # its inputs' specs and shapes — not the rest of the plan, or a second plan with the same

@@ -48,6 +48,15 @@ class Options:
     weight_sets: int = 1
     # CFG parallel for batch-2 DiT graphs (planner.cfg): "auto" (the cost model decides), "on", "off".
     cfg_parallel: str = "auto"
+    # The partitioner the plan is for (planner.targets): "gspmd" or "tt-mlir"; None: `resolved_target`.
+    target: Optional[str] = None
+
+    @property
+    def resolved_target(self) -> str:
+        """The target option, else tt-mlir for a Tenstorrent `hardware` option, else gspmd."""
+        from planner.targets import default_target
+
+        return self.target or default_target(self.hardware)
 
     @classmethod
     def from_user(
@@ -87,11 +96,12 @@ _KNOWN = frozenset(
         "rewrites",
         "weight_sets",
         "cfg_parallel",
+        "target",
     }
 )
 # WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
 # variable with the prefix is taken for a misspelt option and refused; add new ones here.
-OTHER_ENV: frozenset[str] = frozenset()
+OTHER_ENV: frozenset[str] = frozenset({"WANCOMPILE_TT_PYTHON", "WANCOMPILE_TT_CACHE"})  # wancompile.tt.env
 
 
 def _did_you_mean(name: str, known) -> str:
@@ -165,6 +175,15 @@ def _parse(raw: dict[str, Any]) -> Options:
     hardware = str(raw["hardware"]) if raw.get("hardware") else None
     if hardware is not None:
         _check_hardware(hardware, mesh)
+    target = str(raw["target"]) if raw.get("target") else None
+    if target is not None:
+        from planner.targets import TARGETS
+
+        if target not in TARGETS:
+            raise OptionsError(
+                f"option 'target': unknown partitioner {target!r}{_did_you_mean(target, sorted(TARGETS))}; choose "
+                f"{' or '.join(TARGETS)} (gspmd: XLA on CPU/GPU/TPU; tt-mlir: Tenstorrent through tt-xla)"
+            )
 
     return Options(
         mesh=mesh,
@@ -177,6 +196,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         rewrites=parse_rewrites(raw.get("rewrites", "none")),
         weight_sets=int(weight_sets),
         cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
+        target=target,
     )
 
 

@@ -1,0 +1,87 @@
+"""Pins: a plan that leaves the partitioner no choice.
+
+A plan decides parameter specs and a few activation constraints; every other layout follows from the
+op rules (`planner.propagate`), which model GSPMD's propagation. Shardy — the partitioner inside
+tt-mlir — propagates differently (DESIGN.md §4: it filled the layouts our plans left open with other
+collectives), so for the prediction to hold on both partitioners the plan must pin every layout it
+decides. `pin_layouts` propagates the plan over the whole graph and adds activation constraints:
+
+- **where the op computes**: every op output gets its layout pinned — the layout the op rules give
+  it. Where the plan constrains the output to another layout (a reshard after the op, priced as such),
+  the op's own layout is pinned first and the plan's constraint follows it: Shardy otherwise takes a
+  constraint on an op's result as the op's result sharding and propagates it into the op (a reshape
+  split on a dim its operand cannot carry is then refused by tt-mlir, a matmul gathers other operands);
+  two constraints keep "compute in A, then reshard A → B" exactly as the plan priced it.
+- not pinned: unreduced partial sums (neither partitioner has an annotation for them; the reduction
+  is forced by the pinned reader, as the plan prices it); buffer writes (``setitem``'s value is the
+  buffer torch_xla re-creates per write, ``empty_like`` is only read through those writes); values
+  made from literals alone (host constants of the trace, not partitioned values); identities the
+  lowering drops (a device-only ``.to``).
+
+The output k of a tuple-valued op is pinned at that op with ``output=k`` (how the lowering and the
+export address it). Pins repeat what the op rules predict, so on GSPMD they are meant to cost nothing;
+the fidelity tests compile pinned plans and compare with the partitioned HLO.
+"""
+
+from __future__ import annotations
+
+from planner.graph import Graph, Node
+from planner.hardware import HardwareProfile, get_profile
+from planner.placements import Layout
+from planner.plan import ActivationConstraint, Plan
+from planner.propagate import evaluate
+
+PIN_REASON = "pinned: the layout the plan decides, so the partitioner has no choice (planner.pins)"
+OP_PIN_REASON = "pinned: the layout the op computes in, before the plan's constraint reshards it (planner.pins)"
+PIN_REASONS = (PIN_REASON, OP_PIN_REASON)
+
+_NOT_PINNED = ("setitem", "empty_like", "empty", "copy_")  # buffer writes and the buffers they fill
+
+
+def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None) -> Plan:
+    """`plan` with every layout it decides pinned (see the module docstring). A plan already pinned
+    comes back unchanged."""
+    if any(a.reason in PIN_REASONS for a in plan.activations):
+        return plan
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    forced, copies = plan.constraint_layouts(graph)
+    boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
+    boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
+    ev = evaluate(graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies)
+    before: list[ActivationConstraint] = []  # the op's own layout, ahead of the plan's constraint on it
+    pins: list[ActivationConstraint] = []
+    fed: set[str] = set()  # nodes computed from a graph input
+    for node in graph:
+        if node.op == "placeholder" or any(i in fed for i in node.inputs):
+            fed.add(node.name)
+        if not _pinnable(graph, node, fed):
+            continue
+        if node.name in forced:
+            own = ev.unforced.get(node.name)
+            if own is not None and not own.partial:
+                before.append(_pin(graph, node, own, OP_PIN_REASON))
+            continue
+        lays = ev.layouts.get(node.name)
+        if lays and lays[0] is not None and not lays[0].partial:
+            pins.append(_pin(graph, node, lays[0], PIN_REASON))
+    return plan.with_(activations=tuple(before) + plan.activations + tuple(pins))
+
+
+def _pinnable(graph: Graph, node: Node, fed: set[str]) -> bool:
+    if node.op in ("placeholder", "output") or node.op in _NOT_PINNED or node.name not in fed:
+        return False
+    if len(node.outputs) != 1 or not node.out.shape:
+        return False
+    return not (node.op == "to" and node.inputs and graph[node.inputs[0]].outputs == node.outputs)
+
+
+def _pin(graph: Graph, node: Node, layout: Layout, reason: str) -> ActivationConstraint:
+    k = graph.picks(node)
+    if k is not None:  # output k of a tuple-valued op, addressed at that op
+        return ActivationConstraint(graph[node.inputs[0]].location, layout.to_spec(), node.out.shape, k, reason)
+    return ActivationConstraint(node.location, layout.to_spec(), node.out.shape, 0, reason)
+
+
+def pin_count(plan: Plan) -> int:
+    """How many of `plan`'s activation constraints are pins (`pin_layouts`), not planned constraints."""
+    return sum(1 for a in plan.activations if a.reason in PIN_REASONS)

@@ -1,0 +1,93 @@
+"""Targets: what the partitioner that really runs does with a plan's layouts, one record per partitioner.
+
+A plan is compiled by one of two partitioners (DESIGN.md §5 "Targets"):
+
+- ``gspmd``: XLA's SPMD partitioner (CPU, GPU, TPU). The op rules (`planner.propagate`) model it;
+  its partitioned HLO is the ground truth (`wancompile.hlo`), and the plan's ``collectives`` are in its
+  terms: one all-reduce over ``(batch, model)`` is one instruction.
+- ``tt-mlir``: Tenstorrent's compiler. tt-xla hands it the annotated, unpartitioned program; it
+  partitions with Shardy and lowers to TTNN, whose final IR is the ground truth
+  (`wancompile.tt.ttnn`). Measured on its compile-only mode (docs/tenstorrent.md):
+
+  * Shardy fills every layout a plan leaves open, differently from GSPMD, so plans for it are pinned
+    (`planner.pins`): every decided layout is a constraint;
+  * a TTNN collective runs over one mesh axis (``cluster_axis``): a reduction or gather over two axes
+    is one op per axis;
+  * all-to-all and collective-permute become ``ttnn.point_to_point`` transfers, one per (sender,
+    receiver) pair, and only between chips of one mesh row or column (tt-mlir PR #6286); Shardy's own
+    collective-permute is not lowered at all (tt-mlir #3370);
+  * a convolution's spatial dims are pass-through for Shardy: a spatially split conv gets no halo
+    exchange (tt-mlir #8216) — each chip pads its own tile with zeros, a silently wrong result, so the
+    planner does not offer spatial conv splits for this target;
+  * one tensor dim split over two mesh axes is refused in some positions ("Fail to determine
+    shardDims") — recorded by tt-check when it happens, not modelled.
+
+`Target.lower` turns the plan's predicted collectives (GSPMD's terms, as the op rules emit them) into
+the target's: identity for ``gspmd``, TTNN ops for ``tt-mlir`` (``ttnn.point_to_point`` counted as
+``collective-permute``, as ``plan.json``'s ``predicted_by_partitioner`` records them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Optional
+
+from planner.collective import Collective
+from planner.mesh import MeshSpec
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    partitioner: str  # for people: what runs
+    pinned: bool  # plans for it pin every decided layout (planner.pins)
+    per_axis: bool  # a collective over several mesh axes runs as one op per axis
+    point_to_point: bool  # all-to-all and collective-permute run as point-to-point transfers
+    spatial_halo: bool  # a spatially split convolution gets its halo exchanged by the partitioner
+
+    def lower(self, collectives: Iterable[Collective], mesh: MeshSpec) -> tuple[Collective, ...]:
+        """The predicted collectives as this target's compiled program holds them (count per call)."""
+        out: list[Collective] = []
+        for c in collectives:
+            if self.point_to_point and c.kind in ("all-to-all", "collective-permute"):
+                out.extend(_point_to_point(c, mesh))
+            elif self.per_axis and len(c.axes) > 1:
+                out.extend(replace(c, axes=(a,), seconds=None) for a in c.axes)
+            else:
+                out.append(c)
+        return tuple(out)
+
+
+def _point_to_point(c: Collective, mesh: MeshSpec) -> list[Collective]:
+    """An all-to-all over axes A: every chip sends one chunk to each other chip of its group, one
+    ``ttnn.point_to_point`` per (sender, receiver) pair, each along one axis when the group spans one;
+    a collective-permute: one per pair it moves (every chip of the group, once)."""
+    size = {a: n for a, n in zip(mesh.axis_names, mesh.shape)}
+    n = 1
+    for a in c.axes:
+        n *= size[a]
+    groups = mesh.size // n if n else 0
+    pairs = groups * n * (n - 1) if c.kind == "all-to-all" else mesh.size
+    chunk = c.bytes // n if c.kind == "all-to-all" and n else c.bytes
+    return [replace(c, kind="collective-permute", bytes=chunk, count=c.count * pairs, seconds=None)]
+
+
+TARGETS = {
+    "gspmd": Target("gspmd", "XLA GSPMD (CPU, GPU, TPU)", False, False, False, True),
+    "tt-mlir": Target("tt-mlir", "Shardy inside tt-mlir (Tenstorrent, via tt-xla)", True, True, True, False),
+}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}: choose one of {', '.join(TARGETS)}") from None
+
+
+def default_target(hardware: Optional[str]) -> str:
+    """``tt-mlir`` for a Tenstorrent profile (``wh-*``, ``bh-*``), else ``gspmd``; one rule for the
+    backend, the CLI and the library."""
+    from planner.hardware import is_tenstorrent
+
+    return "tt-mlir" if hardware and is_tenstorrent(hardware) else "gspmd"

@@ -1,0 +1,254 @@
+"""``wancompile tt-check``: compile a call's programs through tt-mlir (compile-only) and hold TTNN's
+collectives against the plan's prediction for the ``tt-mlir`` target.
+
+`check_programs` takes the Shardy-form modules a call wrote (`wancompile.tt.export`), compiles each for a
+system descriptor in the worker process, reads the final TTNN IR (`wancompile.tt.ttnn`) and compares, per
+(kind, mesh axis), the compiled collectives with the predicted ones (`planner.targets.Target.lower` of
+the plan's collectives for the main program; nothing for the fold program, which the plans keep
+collective-free). Counts are compared; bytes are reported, in TTNN's own types (tt-mlir may compute in
+bf16 where the program says f32).
+
+Before compiling, the worker refuses a module in which a convolution reads an input split on a spatial
+dim that its window spans (`worker.spatial_convs`): Shardy treats those dims as pass-through and tt-mlir
+emits no halo exchange (tt-mlir #8216), so each chip would convolve its tile padded with zeros — a
+wrong answer at every shard edge, never compiled silently.
+
+TTNN's own metrics (``ttnn_perf_metrics_enabled``) are kept per program: ``total_flops`` (per chip, of
+the ops TTNN's perf model counts: matmuls, linears, convolutions and the collectives' reductions),
+``total_ops`` (TTNN ops, deallocations and layout moves included) and the share spilled to DRAM. They
+carry no time estimate on a multi-chip mesh.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping, Optional
+
+from planner.collective import Collective
+from planner.mesh import MeshSpec
+from wancompile.tt import env, ttnn
+from wancompile.verify import CollectiveMatch, compare_collectives
+
+
+@dataclass(frozen=True)
+class ProgramCheck:
+    """One program compiled for one system."""
+
+    program: str
+    system: str
+    compiled: bool
+    error: str = ""  # the compiler's (or the halo check's) first error line
+    seconds: float = 0.0
+    matches: tuple[CollectiveMatch, ...] = ()
+    local_slices: int = 0  # ttnn.mesh_partition: each chip keeps its part of a replicated value
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    ttnn_ir: Optional[str] = None
+
+    @property
+    def as_predicted(self) -> bool:
+        return self.compiled and all(m.count_ok for m in self.matches)
+
+    def to_json(self) -> dict:
+        return {
+            "program": self.program,
+            "system": self.system,
+            "compiled": self.compiled,
+            "error": self.error,
+            "seconds": self.seconds,
+            "as_predicted": self.as_predicted,
+            "collectives": [
+                {
+                    "kind": m.kind,
+                    "axes": list(m.axes),
+                    "predicted_count": m.predicted_count,
+                    "ttnn_count": m.observed_count,
+                    "predicted_bytes": m.predicted_bytes,
+                    "ttnn_bytes": m.observed_bytes,
+                }
+                for m in self.matches
+            ],
+            "local_slices": self.local_slices,
+            "metrics": dict(self.metrics),
+            "ttnn_ir": self.ttnn_ir,
+        }
+
+
+def check_programs(
+    programs: Mapping[str, Path],
+    predicted: Mapping[str, Iterable[Collective]],
+    system: str,
+    mesh: MeshSpec,
+    out_dir: Path,
+) -> list[ProgramCheck]:
+    """Compile each program (name -> its ``.tt.mlir``) for `system`; compare with `predicted` (name ->
+    the target's predicted collectives, absent = none)."""
+    env.require()
+    desc = env.system_path(system)
+    out: list[ProgramCheck] = []
+    for name, module in programs.items():
+        export = Path(out_dir) / f"{name}.{system}"
+        res = env.run_worker(["compile", str(module), str(desc), str(export)])
+        line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
+        if line is None:
+            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
+            out.append(ProgramCheck(name, system, False, f"the compiler process failed: {tail[0]}"))
+            continue
+        r = json.loads(line[len("TT-CHECK ") :])
+        if not r["ok"]:
+            out.append(ProgramCheck(name, system, False, r["error"], r["seconds"]))
+            continue
+        text = Path(r["ttnn"]).read_text()
+        observed = ttnn.parse_collectives(text, mesh)
+        out.append(
+            ProgramCheck(
+                name,
+                system,
+                True,
+                "",
+                r["seconds"],
+                tuple(compare_collectives(predicted.get(name, ()), observed)),
+                ttnn.local_slices(text),
+                _metrics(r["metrics"]),
+                r["ttnn"],
+            )
+        )
+    return out
+
+
+def _metrics(path: Optional[str]) -> dict[str, float]:
+    if not path:
+        return {}
+    data = json.loads(Path(path).read_text())
+    summary = data.get("summary", {})
+    return {
+        "total_flops": float(data.get("flops", {}).get("total_flops", 0)),
+        "total_ops": float(summary.get("total_ops", 0)),
+        "spilled_percentage": float(summary.get("spilled_percentage", 0)),
+    }
+
+
+def format_checks(checks: Iterable[ProgramCheck]) -> str:
+    lines = []
+    for c in checks:
+        head = f"{c.program} on {c.system}: " + (
+            f"compiled in {c.seconds:.1f} s" if c.compiled else f"REFUSED: {c.error}"
+        )
+        lines.append(head)
+        if not c.compiled:
+            continue
+        for m in c.matches:
+            ok = "" if m.count_ok else "   <-- differs"
+            lines.append(
+                f"  {m.kind:18} {'+'.join(m.axes) or '-':12} predicted {m.predicted_count:4} / TTNN {m.observed_count:4}{ok}"
+            )
+        if not c.matches:
+            lines.append("  no collectives predicted, none in TTNN")
+        m = c.metrics
+        if m:
+            lines.append(
+                f"  TTNN: {c.local_slices} local slices (mesh_partition); perf metrics: {m['total_flops']:.3g} FLOPs "
+                f"per chip, {m['total_ops']:.0f} ops ({m['spilled_percentage']:.0f}% spilled to DRAM)"
+            )
+        lines.append("  " + ("as predicted" if c.as_predicted else "NOT as predicted"))
+    return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class ModelCheck:
+    """`check_model`'s result: the plan, the CPU numerics of the same pinned plan, one check per program."""
+
+    plan_summary: str
+    pins: int
+    constraints: int
+    pcc: float
+    max_abs: float
+    checks: tuple[ProgramCheck, ...]
+
+    @property
+    def ok(self) -> bool:
+        return all(c.as_predicted for c in self.checks)
+
+    def to_json(self) -> dict:
+        return {
+            "plan": self.plan_summary,
+            "pins": self.pins,
+            "constraints": self.constraints,
+            "pcc": self.pcc,
+            "max_abs": self.max_abs,
+            "ok": self.ok,
+            "programs": [c.to_json() for c in self.checks],
+        }
+
+
+def check_model(
+    model: str,
+    mesh: MeshSpec,
+    systems: Iterable[str],
+    out_dir: Path,
+    *,
+    component: str = "transformer",
+    plan: Optional[str] = None,
+    memory_gb: Optional[float] = None,
+    rewrites: str = "none",
+    frames: int = 9,
+    batch: int = 1,
+    cfg_parallel: str = "auto",
+    hardware: Optional[str] = None,
+    t_chunk: Optional[int] = None,
+) -> ModelCheck:
+    """Compile `model`'s `component` (a tiny random-weight config) with ``target="tt-mlir"`` on
+    ``mesh.size`` virtual CPU devices, run it once (numerics against eager fp32: the pinned plan on
+    GSPMD), then compile every program the call wrote through tt-mlir for each system. Starts the XLA
+    runtime: call it in a process where it has not started."""
+    import torch
+
+    from planner.pins import pin_count
+    from wancompile import runtime
+
+    out_dir = Path(out_dir)
+    env.require()
+    runtime.configure(num_devices=mesh.size, dump_dir=out_dir / "hlo")
+    from wancompile.backend import recent_programs
+    from wancompile.verify import numerics
+
+    options = {"mesh": str(mesh), "target": "tt-mlir", "dump_dir": str(out_dir), "rewrites": rewrites}
+    options.update({k: v for k, v in (("plan", plan), ("memory_gb", memory_gb), ("hardware", hardware)) if v})
+    if component == "vae":
+        import wancompile.vae as wvae
+        from wancompile.vae.configs import VAE_CONFIGS, build_vae
+
+        vae = wvae.enable_full_t(build_vae(model), t_chunk=t_chunk)
+        z_dim = VAE_CONFIGS[model]["z_dim"]
+        z = torch.randn(1, z_dim, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+        compiled = torch.compile(vae.decode, backend="wan_autoshard", options=options, fullgraph=True)
+        with torch.no_grad():
+            out = compiled(z).sample
+            eager = vae.decode(z).sample
+    else:
+        from wancompile.models import build_transformer, transformer_inputs
+
+        options["cfg_parallel"] = cfg_parallel
+        module = build_transformer(model)
+        inputs = transformer_inputs(model, "tiny", frames, batch=batch)
+        compiled = torch.compile(module, backend="wan_autoshard", options=options, fullgraph=True)
+        with torch.no_grad():
+            out = compiled(**inputs, return_dict=False)[0]
+            eager = module(**inputs, return_dict=False)[0]
+    result = numerics(out, eager)
+    modules: dict[str, Path] = {}
+    predicted: dict[str, tuple[Collective, ...]] = {}
+    programs = [p for p in recent_programs() if p.stablehlo_sink is not None and p.stablehlo_sink.written]
+    if not programs:
+        raise RuntimeError("the compile wrote no program for tt-mlir (is dump_dir writable?)")
+    for program in programs:
+        sink = program.stablehlo_sink
+        for which, path in sink.written.items():
+            if path.suffix != ".mlir":
+                raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
+            modules[sink.names[which]] = path
+        predicted[sink.names["main"]] = program.plan.predicted_by_partitioner()["tt-mlir"]
+    plan = programs[-1].plan
+    checks = [c for s in systems for c in check_programs(modules, predicted, s, plan.mesh, out_dir)]
+    return ModelCheck(plan.summary(), pin_count(plan), len(plan.activations), result.pcc, result.max_abs, tuple(checks))

@@ -1,0 +1,94 @@
+"""Where Tenstorrent's compiler lives on this machine, and how the worker process is started.
+
+The ``tt`` extra (``pip install -e ".[tt]"``) installs jax, jaxlib and jax-tt-plugin (a PJRT plugin
+bundling tt-mlir and tt-metal) beside torch_xla: torch_xla 2.9 imports jax only for its pallas kernels,
+which wancompile does not use, and the plugin runs in a separate process (`wancompile.tt.worker`), so
+the two never share an address space. A user whose jax must stay at torch_xla's ``pallas`` pin (0.7.1)
+installs the extra into another environment and points ``WANCOMPILE_TT_PYTHON`` at its interpreter.
+
+The plugin unpacks ~400 MB of runtime assets (a RISC-V toolchain among them) into ``$TMPDIR`` and keeps
+a kernel cache in ``$TT_METAL_CACHE``; the worker runs with both under one folder,
+``WANCOMPILE_TT_CACHE`` (default ``~/.cache/wancompile/tt``), so nothing lands in /tmp or $HOME at large.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Mapping, Optional, Sequence
+
+PLUGIN_VERSION = "0.1.3"  # the system descriptors' schema hash is this build's
+INSTALL = 'python -m pip install -e ".[tt]"  (jax==0.10.2, jaxlib==0.10.2, jax-tt-plugin==0.1.3)'
+SYSTEMS_DIR = Path(__file__).with_name("systems")
+WORKER = Path(__file__).with_name("worker.py")
+
+
+class TtUnavailable(RuntimeError):
+    """Tenstorrent's compiler is not installed where wancompile looks for it; the message says how to install it."""
+
+
+def python() -> str:
+    """The interpreter that runs the worker: ``WANCOMPILE_TT_PYTHON``, else this one."""
+    return os.environ.get("WANCOMPILE_TT_PYTHON") or sys.executable
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("WANCOMPILE_TT_CACHE") or Path.home() / ".cache" / "wancompile" / "tt")
+
+
+def systems() -> dict[str, Path]:
+    """System name -> its compile-only descriptor (committed in the package, `systems/README.md`)."""
+    return {p.stem: p for p in sorted(SYSTEMS_DIR.glob("*.ttsys"))}
+
+
+def system_path(name: str) -> Path:
+    known = systems()
+    if name not in known:
+        raise ValueError(f"unknown Tenstorrent system {name!r}; choose one of {', '.join(known)}")
+    return known[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _probe(interpreter: str, need_plugin: bool) -> Optional[str]:
+    probe = "import jaxlib.mlir.dialects.sdy" + ("; import jax_plugins.libtt" if need_plugin else "")
+    try:
+        res = subprocess.run([interpreter, "-c", probe], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return f"cannot run {python()} ({e}); set WANCOMPILE_TT_PYTHON to an interpreter with the tt extra"
+    if res.returncode != 0:
+        last = (res.stderr.strip().splitlines() or ["?"])[-1]
+        return f"{python()} cannot load Tenstorrent's compiler ({last}). Install it: {INSTALL}"
+    return None
+
+
+def available(need_plugin: bool = True) -> Optional[str]:
+    """None when the worker's interpreter has jaxlib (and the plugin), else why not (with the fix)."""
+    return _probe(python(), need_plugin)
+
+
+def require(need_plugin: bool = True) -> None:
+    why = available(need_plugin)
+    if why is not None:
+        raise TtUnavailable(why)
+
+
+def run_worker(args: Sequence[str], timeout: float = 900, extra_env: Optional[Mapping[str, str]] = None):
+    """Run the worker with the cache folder in place; returns the CompletedProcess (stdout, stderr text)."""
+    cache = cache_dir()
+    (cache / "tmp").mkdir(parents=True, exist_ok=True)
+    (cache / "tt-metal-cache").mkdir(parents=True, exist_ok=True)
+    env = {
+        k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM_DEVICES", "TPU_"))
+    }
+    env.update(
+        TMPDIR=str(cache / "tmp"),
+        TT_METAL_CACHE=str(cache / "tt-metal-cache"),
+        JAX_PLATFORMS="tt",
+        **dict(extra_env or {}),
+    )
+    return subprocess.run(
+        [python(), str(WORKER), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=str(cache)
+    )

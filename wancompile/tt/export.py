@@ -1,0 +1,98 @@
+"""Each program a `ShardedProgram` traces, written in the form tt-mlir partitions.
+
+`ShardyExport` is handed to a program as its ``stablehlo_sink``: when the program traces (the main
+program, and its fold program of parameter-only values), the traced outputs come here before XLA
+compiles them. For each program it writes, into its folder:
+
+- ``<name>.mlirbc``: torch_xla's StableHLO of the program as a *portable artifact* (versioned VHLO
+  bytecode), the exact program tt-xla would hand tt-mlir, readable by any later MLIR;
+- ``<name>.shardings.json``: the plan's specs, keyed by the GSPMD annotation torch_xla writes for each
+  (torch_xla itself makes the key, from a tensor marked with the spec), with the mesh's axis names and
+  sizes: the worker's Shardy conversion looks every annotation up here, so the Shardy module says
+  exactly what the plan says;
+- ``<name>.tt.mlir``: the Shardy-form module (`wancompile.tt.worker` ``shardy``), when the worker's
+  interpreter has jaxlib (`wancompile.tt.env`); otherwise the first two, and a log line how to get it.
+
+Names: the model name (``wan-dit``, ``wan-vae``), ``.cfg2`` for a batch-2 CFG graph, ``.fold`` for the fold
+program; a second program of the same name in one folder gets ``-2``, ``-3``, ....
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any, Optional
+
+from planner.placements import Layout
+from planner.plan import Plan
+
+log = logging.getLogger("wancompile")
+
+
+class ShardyExport:
+    def __init__(self, directory: Path, name: str, plan: Plan, mesh: Any, convert: bool = True) -> None:
+        self.directory, self.name, self.plan, self.mesh, self.convert = Path(directory), name, plan, mesh, convert
+        self.written: dict[str, Path] = {}  # program ("main", "fold") -> its .tt.mlir (or .mlirbc if not converted)
+        self.names: dict[str, str] = {}  # program -> file stem
+
+    def __call__(self, program: str, outs: list) -> None:
+        import torch_xla
+
+        if program in self.written:
+            return
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stem = self._stem(self.name if program == "main" else f"{self.name}.{program}")
+        device = str(torch_xla.device())
+        artifact = self.directory / f"{stem}.mlirbc"
+        artifact.write_bytes(torch_xla._XLAC._get_stablehlo(outs, device, [device], True))
+        shardings = self.directory / f"{stem}.shardings.json"
+        shardings.write_text(json.dumps(shardings_table(self.plan, self.mesh), indent=1))
+        self.names[program] = stem
+        self.written[program] = artifact
+        if self.convert:
+            out = convert(artifact, shardings, self.directory / f"{stem}.tt.mlir")
+            if out is not None:
+                self.written[program] = out
+
+    def _stem(self, base: str) -> str:
+        stem, k = base, 1
+        while (self.directory / f"{stem}.mlirbc").exists():
+            k += 1
+            stem = f"{base}-{k}"
+        return stem
+
+
+def shardings_table(plan: Plan, mesh: Any) -> dict:
+    """{"shape", "axis_names", "shardings": {GSPMD annotation text: per-dim mesh axes}} for every spec
+    of `plan` (parameters and activations), each annotation made by torch_xla from a tensor marked
+    with that spec on `mesh` (the program's torch_xla Mesh)."""
+    import torch
+    import torch_xla
+    import torch_xla.distributed.spmd as xs
+
+    specs = {tuple(s) for s in plan.params.values()} | {tuple(a.spec) for a in plan.activations}
+    table: dict[str, list[list[str]]] = {}
+    for spec in sorted(specs, key=repr):
+        probe = torch.zeros([plan.mesh.size] * len(spec), device=torch_xla.device())
+        xs.mark_sharding(probe, mesh, spec)
+        # a spec over size-1 axes only is the same annotation as a replicated one: either reads the same
+        table.setdefault(torch_xla._XLAC._get_xla_sharding_spec(probe), [list(d) for d in Layout.from_spec(spec).dims])
+    return {"shape": list(plan.mesh.shape), "axis_names": list(plan.mesh.axis_names), "shardings": table}
+
+
+def convert(artifact: Path, shardings: Path, dst: Path) -> Optional[Path]:
+    """The Shardy-form module of `artifact` at `dst` (the worker's ``shardy`` verb); None with a log line
+    when the worker's interpreter has no jaxlib."""
+    from wancompile.tt import env
+
+    why = env.available(need_plugin=False)
+    if why is not None:
+        log.warning("wan_autoshard: %s.tt.mlir not written: %s", artifact.stem, why)
+        return None
+    res = env.run_worker(["shardy", str(artifact), str(shardings), str(dst)], timeout=600)
+    if res.returncode != 0:
+        raise RuntimeError(
+            f"Shardy conversion of {artifact} failed: {(res.stderr or res.stdout).strip().splitlines()[-1:]}"
+        )
+    return dst

@@ -1,0 +1,278 @@
+"""The tt-mlir side of the Tenstorrent path, run as its own process (``python -m wancompile.tt.worker``).
+
+It imports jax/jaxlib and (for ``compile``) Tenstorrent's PJRT plugin, never torch or torch_xla: the
+plugin bundles its own MLIR and XLA, and keeping it out of the process that holds torch_xla's avoids
+two copies of those in one address space (and lets the plugin live in another environment when its
+jax clashes with the user's; `wancompile.tt.env`).
+
+``shardy IN.mlirbc SHARDINGS.json OUT.tt.mlir``
+    torch_xla's program as a StableHLO portable artifact (VHLO bytecode: readable by any later MLIR,
+    so boolean constants and every other attribute arrive exactly; torch_xla's *text* bit-packs i1
+    data, which jaxlib's and tt-mlir's MLIR refuse) → the Shardy form tt-mlir partitions: an
+    ``sdy.mesh`` with the plan's axis names and sizes, an ``sdy.sharding`` on every argument and
+    result, an ``sdy.sharding_constraint`` for every constraint. Each GSPMD annotation torch_xla
+    wrote is looked up in SHARDINGS.json — the plan's specs, keyed by the annotation torch_xla makes of
+    each (`wancompile.tt.export`) — so every Shardy sharding is a plan's spec; an annotation the plan
+    did not make is an error, never a guess. Dimension shardings are closed: Shardy may not add axes.
+
+``compile MODULE.tt.mlir SYSTEM.ttsys EXPORT_DIR``
+    compile-only through tt-mlir (``TT_COMPILE_ONLY_SYSTEM_DESC``: no device is opened): StableHLO →
+    TTIR → TTNN → flatbuffer for the descriptor's chips, every IR stage under ``EXPORT_DIR/irs``, TTNN's
+    perf metrics beside it. Prints one JSON object: ``ok``, ``error`` (the compiler's first error line),
+    ``seconds``, ``ttnn`` (path of the final TTNN IR), ``metrics`` (path of the metrics JSON).
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import sys
+import time
+
+
+def shardy(src: str, shardings_path: str, dst: str) -> dict:
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import sdy, stablehlo
+
+    spec = json.load(open(shardings_path))
+    names, sizes = spec["axis_names"], spec["shape"]
+    table: dict[str, list[list[str]]] = spec["shardings"]
+    with ir.Context() as ctx, ir.Location.unknown():
+        sdy.register_dialect(ctx)
+        module = stablehlo.deserialize_portable_artifact(ctx, open(src, "rb").read())
+
+        def sharding(text: str, rank: int):
+            if text not in table:
+                raise SystemExit(f"annotation {text} is not one of the plan's specs (shardings: {shardings_path})")
+            dims = table[text] if text != "{replicated}" else [[]] * rank
+            if len(dims) != rank:
+                raise SystemExit(f"annotation {text} has {len(dims)} dims, the value {rank}")
+            return sdy.TensorShardingAttr.get(
+                "mesh", [sdy.DimensionShardingAttr.get([sdy.AxisRefAttr.get(a) for a in d], True) for d in dims]
+            )
+
+        def convert_attrs(attrs, types):
+            out = []
+            for d, ty in zip(attrs, types):
+                entries = {a.name: a.attr for a in ir.DictAttr(d)}
+                gspmd = entries.pop("mhlo.sharding", None)
+                if gspmd is not None:
+                    entries["sdy.sharding"] = sharding(ir.StringAttr(gspmd).value, ir.RankedTensorType(ty).rank)
+                out.append(ir.DictAttr.get(entries))
+            return ir.ArrayAttr.get(out)
+
+        counts = {"arguments": 0, "results": 0, "constraints": 0}
+        body = module.body
+        with ir.InsertionPoint.at_block_begin(body):
+            sdy.MeshOp("mesh", sdy.MeshAttr.get([sdy.MeshAxisAttr.get(n, s) for n, s in zip(names, sizes)]))
+        module.operation.attributes["mhlo.num_partitions"] = ir.IntegerAttr.get(
+            ir.IntegerType.get_signless(32), int(_prod(sizes))
+        )
+        module.operation.attributes["mhlo.num_replicas"] = ir.IntegerAttr.get(ir.IntegerType.get_signless(32), 1)
+        for op in body.operations:
+            if op.operation.name != "func.func":
+                continue
+            fn = op.operation
+            fty = ir.FunctionType(ir.TypeAttr(fn.attributes["function_type"]).value)
+            if "arg_attrs" in fn.attributes:
+                fn.attributes["arg_attrs"] = convert_attrs(fn.attributes["arg_attrs"], fty.inputs)
+                counts["arguments"] += len(fty.inputs)
+            if "res_attrs" in fn.attributes:
+                fn.attributes["res_attrs"] = convert_attrs(fn.attributes["res_attrs"], fty.results)
+                counts["results"] += len(fty.results)
+            for block in fn.regions[0].blocks:
+                for inner in list(block.operations):
+                    o = inner.operation
+                    if o.name != "stablehlo.custom_call":
+                        continue
+                    if ir.StringAttr(o.attributes["call_target_name"]).value != "Sharding":
+                        continue
+                    text = ir.StringAttr(o.attributes["mhlo.sharding"]).value
+                    value = o.operands[0]
+                    with ir.InsertionPoint(o):
+                        c = sdy.ShardingConstraintOp(value, sharding(text, ir.RankedTensorType(value.type).rank))
+                    o.results[0].replace_all_uses_with(c.result)
+                    o.erase()
+                    counts["constraints"] += 1
+        for o in _walk(module.operation):  # a sharding torch_xla set on the op itself (a marked value it made)
+            if "mhlo.sharding" in o.attributes and len(o.results) == 1:
+                text = ir.StringAttr(o.attributes["mhlo.sharding"]).value
+                per_value = sdy.TensorShardingPerValueAttr.get([sharding(text, ir.RankedTensorType(o.results[0].type).rank)])
+                del o.attributes["mhlo.sharding"]
+                o.attributes["sdy.sharding"] = per_value
+                counts["constraints"] += 1
+        counts["constant_uses_pinned"] = _pin_constants(module.operation)
+        left = [o for o in _walk(module.operation) if "mhlo.sharding" in o.attributes]
+        if left:
+            raise SystemExit(f"{len(left)} op(s) keep a GSPMD annotation after the conversion, e.g. {left[0].name}")
+        if not module.operation.verify():
+            raise SystemExit("the Shardy module does not verify")
+        with open(dst, "w") as f:
+            f.write(module.operation.get_asm(large_elements_limit=None, enable_debug_info=False))
+    return counts
+
+
+def _pin_constants(root) -> int:
+    """Every reader of a constant reads it through its own replicated, closed constraint. torch_xla
+    shares one splat constant between unrelated ops (the ``2.0`` of every ``x.pow(2)``) and tt-mlir's
+    canonicalisation merges copies again; Shardy gives a value one sharding, so a split one reader
+    wants (q's hidden over ``model`` in ``norm_q``) reached every other reader through the constant — a
+    LayerNorm on a token-split hidden state was computed split over ``model`` too, with an all-to-all and
+    an all-gather no plan has. Replicated at each use, a constant is sliced locally where its reader
+    is split (``ttnn.mesh_partition``). Returns how many uses were pinned."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import sdy
+
+    pinned = 0
+    for o in list(_walk(root)):
+        if o.name != "stablehlo.constant":
+            continue
+        rank = ir.RankedTensorType(o.results[0].type).rank
+        if rank == 0:
+            continue
+        replicated = sdy.TensorShardingAttr.get("mesh", [sdy.DimensionShardingAttr.get([], True)] * rank)
+        for use in list(o.results[0].uses):
+            owner, index = use.owner, use.operand_number
+            if owner.name == "sdy.sharding_constraint":
+                continue
+            with ir.InsertionPoint(owner):
+                c = sdy.ShardingConstraintOp(o.results[0], replicated)
+            owner.operands[index] = c.result
+            pinned += 1
+    return pinned
+
+
+def _walk(op):
+    for region in op.regions:
+        for block in region.blocks:
+            for o in block.operations:
+                yield o.operation
+                yield from _walk(o.operation)
+
+
+def _prod(xs) -> int:
+    out = 1
+    for x in xs:
+        out *= int(x)
+    return out
+
+
+def compile_module(src: str, system_desc: str, export: str) -> dict:
+    """Compile-only through the plugin; returns the result object (see the module docstring)."""
+    os.environ["TT_COMPILE_ONLY_SYSTEM_DESC"] = system_desc
+    os.environ.setdefault("JAX_PLATFORMS", "tt")
+    import numpy as np
+    from jax._src import compiler, xla_bridge
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client as xc
+    from jax._src.lib.mlir import ir
+
+    text = open(src).read()
+    backend = xla_bridge.get_backend("tt")
+    with mlir.make_ir_context():
+        module = ir.Module.parse(text)
+        unsafe = spatial_convs(module)
+        if unsafe:
+            return _result(
+                False,
+                f"refused: {len(unsafe)} convolution(s) read an input split on a spatial dim their window spans "
+                f"({unsafe[0]}); tt-mlir exchanges no halo there (tt-mlir #8216), each chip would pad its tile "
+                "with zeros. Plan the VAE for target tt-mlir (no spatial conv splits) or use channel Megatron",
+                0,
+                export,
+            )
+        n = int(module.operation.attributes["mhlo.num_partitions"].value)
+        devices = backend.devices()
+        if len(devices) < n:
+            return _result(False, f"system {system_desc} has {len(devices)} chip(s), the program needs {n}", 0, export)
+        devs = devices[:n]
+        metrics = os.path.join(export, "perf_metrics.json")
+        options = compiler.get_compile_options(
+            num_replicas=1,
+            num_partitions=n,
+            device_assignment=np.array(devs).reshape(1, n),
+            env_options_overrides={
+                "export_path": export,
+                "export_model_name": "program",
+                "optimization_level": "0",
+                "ttnn_perf_metrics_enabled": "true",
+                "ttnn_perf_metrics_output_file": metrics,
+            },
+            backend=backend,
+        )
+        options.executable_build_options.use_shardy_partitioner = True
+        t = time.time()
+        try:
+            compiler.backend_compile_and_load(backend, module, xc.DeviceList(tuple(devs)), options, [])
+        except Exception as e:  # the plugin's error: its first line names the failing pass or op
+            return _result(False, _first_line(str(e)), time.time() - t, export)
+        return _result(True, "", time.time() - t, export)
+
+
+def spatial_convs(module) -> list[str]:
+    """Convolutions whose input is split (by its constraint or argument sharding) on a spatial dim that
+    the kernel spans (size > 1): one line each, with the op's location."""
+    import re
+
+    from jaxlib.mlir import ir
+
+    found = []
+    for o in _walk(module.operation):
+        if o.name != "stablehlo.convolution":
+            continue
+        numbers = str(o.attributes["dimension_numbers"])  # #stablehlo.conv<[b, f, 0, 1, 2]x[o, i, 0, 1, 2]->...>
+        m = re.search(r"\[([^\]]*)\]x\[([^\]]*)\]", numbers)
+        if not m:
+            continue
+        lhs = [x.strip() for x in m.group(1).split(",")]
+        rhs = [x.strip() for x in m.group(2).split(",")]
+        kernel = ir.RankedTensorType(o.operands[1].type).shape
+        owner = o.operands[0].owner
+        sharding = ""
+        if isinstance(owner, ir.Operation) or hasattr(owner, "name"):
+            op = owner.operation if hasattr(owner, "operation") else owner
+            if op.name == "sdy.sharding_constraint":
+                sharding = str(op.attributes["sharding"])
+        dims = re.findall(r"\{([^}]*)\}", sharding.split("[", 1)[1]) if "[" in sharding else []
+        for pos, tag in enumerate(lhs):
+            if not tag.isdigit() or pos >= len(dims) or not dims[pos].strip():
+                continue
+            if kernel[rhs.index(tag)] > 1:
+                found.append(f"{o.location}: input dim {pos} split over {dims[pos].strip()}")
+                break
+    return found
+
+
+def _first_line(msg: str) -> str:
+    lines = [x.strip() for x in msg.splitlines() if x.strip()]
+    return lines[0] if lines else msg
+
+
+def _result(ok: bool, error: str, seconds: float, export: str) -> dict:
+    ttnn = sorted(p for p in glob.glob(os.path.join(export, "irs", "ttnn_*.mlir")) if "ttnn_runtime" not in p)
+    metrics = sorted(glob.glob(os.path.join(export, "perf_metrics*.json")))
+    return {
+        "ok": ok,
+        "error": error,
+        "seconds": round(seconds, 3),
+        "ttnn": ttnn[-1] if ttnn else None,
+        "metrics": metrics[-1] if metrics else None,
+    }
+
+
+def main(argv: list[str]) -> int:
+    verb, args = argv[0], argv[1:]
+    if verb == "shardy":
+        print(json.dumps(shardy(*args)))
+        return 0
+    if verb == "compile":
+        res = compile_module(*args)
+        sys.stdout.flush()
+        print("TT-CHECK " + json.dumps(res), flush=True)
+        return 0
+    raise SystemExit(f"unknown verb {verb!r}: shardy | compile")
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
