@@ -20,7 +20,7 @@ compares like with like; against the original op the decomposition differs by fp
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.fx as fx
@@ -33,12 +33,21 @@ def layer_norm_decomposed(
     weight: Optional[torch.Tensor] = None,
     bias: Optional[torch.Tensor] = None,
     eps: float = 1e-5,
+    mark: Optional[Callable[[torch.Tensor, bool], None]] = None,
 ) -> torch.Tensor:
-    """F.layer_norm as explicit reductions over the normalized dims (biased variance, as F.layer_norm)."""
+    """F.layer_norm as explicit reductions over the normalized dims (biased variance, as F.layer_norm).
+    `mark(value, is_statistic)`, when given, is called on each intermediate (the lowering pins them:
+    Shardy would otherwise choose their layouts, `wancompile.lowering.insert_constraints`)."""
+    mark = mark or (lambda t, stat: None)
     dims = tuple(range(-len(normalized_shape), 0))
     mean = x.mean(dims, keepdim=True)
+    mark(mean, True)
     centred = x - mean
-    y = centred * torch.rsqrt(centred.square().mean(dims, keepdim=True) + eps)
+    mark(centred, False)
+    var = centred.square().mean(dims, keepdim=True)
+    mark(var, True)
+    y = centred * torch.rsqrt(var + eps)
+    mark(y, False)
     if weight is not None:
         y = y * weight
     if bias is not None:

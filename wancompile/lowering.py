@@ -39,8 +39,9 @@ import torch.fx as fx
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec, PartitionSpec
+from planner.pins import PIN_REASONS
 from planner.plan import Plan, PlanError, replicated_params
-from wancompile.legalize import legalize
+from wancompile.legalize import layer_norm_decomposed, legalize
 
 
 def xla_mesh(spec: MeshSpec):
@@ -108,6 +109,29 @@ def _constrained_copy(value: torch.Tensor, mesh_key: str, spec: PartitionSpec) -
     return copy
 
 
+def _pinned_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *, mesh_key: str, spec: PartitionSpec):
+    """`legalize.layer_norm_decomposed` with its intermediates pinned: the x-shaped ones to the layout
+    the op computes in, the statistics to it with the normalized dims whole (the all-reduce of partial
+    sums the norm rule prices where the hidden dim is split)."""
+    import torch_xla.distributed.spmd as xs
+
+    from wancompile.legalize import layer_norm_decomposed
+
+    k = len(normalized_shape)
+    stat = tuple(spec[:-k]) + (None,) * k
+
+    def mark(t: torch.Tensor, is_stat: bool) -> None:
+        xs.mark_sharding(t, _MESHES[mesh_key], stat if is_stat else spec)
+
+    return layer_norm_decomposed(x, normalized_shape, weight, bias, eps, mark=mark)
+
+
+def _pinned_decompositions() -> dict:
+    """Ops whose torch_xla lowering is several HLO ops, written out with pinned intermediates when the
+    plan is pinned (planner.pins): the first constraint on such an op is the layout it computes in."""
+    return {layer_norm_decomposed: _pinned_layer_norm}
+
+
 def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> fx.GraphModule:
     """Return a copy of `gm` with a sharding-constraint call after every constrained op (in plan
     order where one op has several) and, for constraints on an op's input, a constrained copy of
@@ -118,6 +142,7 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
     order = {n: i for i, n in enumerate(gm.graph.nodes)}
     key = _mesh_key(mesh)
     last: dict[fx.Node, fx.Node] = {}  # op -> its last constraint call so far
+    pinned = _pinned_decompositions()
     copies: dict[tuple[fx.Node, tuple], list[fx.Node]] = {}  # (value, spec) -> readers
     for c in plan.activations:
         node = by_location.get(c.location)
@@ -127,6 +152,9 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
         if c.input is not None:
             copies.setdefault((fx_nodes[graph[node.inputs[c.input]].name], tuple(c.spec)), []).append(target)
             continue
+        if target.op == "call_function" and target.target in pinned and target not in last and c.reason in PIN_REASONS:
+            target.target = pinned[target.target]
+            target.kwargs = {**target.kwargs, "mesh_key": key, "spec": tuple(c.spec)}
         anchor = last.get(target, target)
         while anchor.next.op == "placeholder":  # keep placeholders first
             anchor = anchor.next
