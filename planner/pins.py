@@ -16,7 +16,7 @@ decides. `pin_layouts` propagates the plan over the whole graph and adds activat
   is forced by the pinned reader, as the plan prices it); buffer writes (``setitem``'s value is the
   buffer torch_xla re-creates per write, ``empty_like`` is only read through those writes); values
   made from literals alone (host constants of the trace, not partitioned values); identities the
-  lowering drops (a device-only ``.to``).
+  lowering drops (a device-only ``.to``); values of rank > 5, which torch_xla cannot annotate.
 
 The output k of a tuple-valued op is pinned at that op with ``output=k`` (how the lowering and the
 export address it). Pins repeat what the op rules predict, so on GSPMD they are meant to cost nothing;
@@ -35,6 +35,9 @@ PIN_REASON = "pinned: the layout the plan decides, so the partitioner has no cho
 OP_PIN_REASON = "pinned: the layout the op computes in, before the plan's constraint reshards it (planner.pins)"
 PIN_REASONS = (PIN_REASON, OP_PIN_REASON)
 
+# torch_xla refuses annotations whose tile assignment has more than 5 dims ("tile_assignment ranks > 5"):
+# a rank-6 value (the VAE's temporal-upsample reshape) keeps its layout from its pinned neighbours.
+MAX_PINNED_RANK = 5
 _NOT_PINNED = ("setitem", "empty_like", "empty", "copy_")  # buffer writes and the buffers they fill
 
 
@@ -70,7 +73,7 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
 def _pinnable(graph: Graph, node: Node, fed: set[str]) -> bool:
     if node.op in ("placeholder", "output") or node.op in _NOT_PINNED or node.name not in fed:
         return False
-    if len(node.outputs) != 1 or not node.out.shape:
+    if len(node.outputs) != 1 or not node.out.shape or len(node.out.shape) > MAX_PINNED_RANK:
         return False
     return not (node.op == "to" and node.inputs and graph[node.inputs[0]].outputs == node.outputs)
 

@@ -223,10 +223,24 @@ def _spatial_fits(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, crossing: 
     return None
 
 
+NO_HALO = (
+    "target tt-mlir exchanges no halo for a spatially split convolution (Shardy treats its spatial dims as "
+    "pass-through, tt-mlir #8216): each chip would pad its own tile with zeros, wrong at every shard edge"
+)
+
+
+def _spans_space(graph: Graph, conv: Node) -> bool:
+    """Whether a convolution's window covers more than one pixel in H or W (it needs its neighbours' rows)."""
+    if conv.op == "linear" or len(conv.inputs) < 2 or not graph[conv.inputs[1]].outputs:
+        return False
+    return any(k != 1 for k in graph[conv.inputs[1]].out.shape[-2:])
+
+
 def macro_strategies(
-    graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str]
+    graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str], halo: bool = True
 ) -> tuple[list[VaeStrategy], list[Exclusion]]:
-    """Legal strategies of a macro and the reasons the others were excluded."""
+    """Legal strategies of a macro and the reasons the others were excluded; `halo`: the target
+    exchanges halos for spatially split convolutions (`planner.targets.Target.spatial_halo`)."""
     why: list[Exclusion] = []
     out: list[VaeStrategy] = []
     rep = {p: Layout.replicated(len(graph[p].out.shape)) for p in m.params}
@@ -238,6 +252,9 @@ def macro_strategies(
         bad = _spatial_fits(graph, m, key, mesh, crossing)
         if bad:
             why.append(bad)
+            continue
+        if not halo and m.kind != "attention" and any(_spans_space(graph, c) for c in convs):
+            why.append(Exclusion(f"spatial({_key_name(key)})", NO_HALO))
             continue
         if m.kind == "attention":
             forced = _attention_gather(graph, m, key)
@@ -366,7 +383,11 @@ class VaeFamily:
         only: Optional[Mapping[str, str]] = None,
         preset: str = "auto",
         model: str = "",
+        target: str = "gspmd",
     ):
+        from planner.targets import get_target
+
+        self.halo = get_target(target).spatial_halo
         if preset not in PRESETS:
             raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
         self.g, self.mesh, self.hw, self.vals = graph, mesh, hw, dict(values or {})
@@ -413,7 +434,7 @@ class VaeFamily:
         evals: dict[tuple[str, str], Evaluation] = {}
         for gname, members in self.members.items():
             rep = members[0]
-            opts, why = macro_strategies(self.g, rep, self.mesh, self.crossing(rep))
+            opts, why = macro_strategies(self.g, rep, self.mesh, self.crossing(rep), halo=self.halo)
             kept = [s for s in opts if all(_matches(r, rep, s.name, self.mesh) for r in self.restricts)]
             if not kept:
                 wanted = [r.get(rep.name, r.get(rep.kind, r.get("*"))) for r in self.restricts]
@@ -464,6 +485,7 @@ def plan_vae(
     model: str = "",
     only: Optional[Mapping[str, str]] = None,
     preset: str = "auto",
+    target: str = "gspmd",
 ) -> Plan:
     """Plan a captured Wan VAE decode graph.
 
@@ -475,13 +497,17 @@ def plan_vae(
             (``ALL`` stands for every mesh axis of size > 1, joined by ``+``).
         preset: ``auto`` (the solver decides), ``spatial``, ``channel-megatron`` (the seed's hand
             plan), ``replicated``; a strategy must satisfy both the preset and `only`.
+        target: the partitioner (`planner.targets`); for ``tt-mlir`` no spatial conv split is offered
+            (its exclusion, with the reason, is in the plan's decisions).
 
     Raises:
         PlanError: no plan fits the memory budget, or `only` leaves a macro without a legal strategy
             (the message lists why the wanted ones were excluded, e.g. an uneven spatial split).
     """
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or default_hardware(mesh))
-    family = VaeFamily(graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model)
+    family = VaeFamily(
+        graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model, target=target
+    )
     budget = memory_gb * 1e9 if memory_gb is not None else float(hw.dram_bytes)
     return engine.plan(family, budget, time_limit_s)
 

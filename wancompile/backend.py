@@ -219,7 +219,12 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
         if opts.cfg_parallel == "on":
             log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
         return plan_vae(
-            graph, mesh, opts.hardware or default_hardware(mesh), memory_gb=opts.memory_gb, model=graph.model
+            graph,
+            mesh,
+            opts.hardware or default_hardware(mesh),
+            memory_gb=opts.memory_gb,
+            model=graph.model,
+            target=opts.resolved_target,
         )
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         hardware = opts.hardware or default_hardware(mesh)

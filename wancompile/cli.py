@@ -483,6 +483,11 @@ def tt_check_command(args: argparse.Namespace) -> int:
         )
     except TtUnavailable as e:
         raise UsageError(str(e)) from None
+    except Exception as e:  # the backend's own error, out of dynamo's BackendCompilerFailed
+        inner = getattr(e, "inner_exception", None)
+        if inner is not None:
+            raise inner from None
+        raise
     if args.json:
         print(json.dumps(report.to_json() | {"out": str(out)}))
     else:

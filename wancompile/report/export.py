@@ -62,7 +62,7 @@ Apply with plain torch_xla (wancompile not needed):
 Partition specs name mesh axes per tensor dim (None = replicated), as xs.mark_sharding takes them.
 """
 
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch_xla.distributed.spmd as xs

@@ -209,6 +209,8 @@ def check_model(
 
     out_dir = Path(out_dir)
     env.require()
+    for old in [*out_dir.glob("*.mlirbc"), *out_dir.glob("*.tt.mlir")]:  # a reused --out: this call's programs only
+        old.unlink()
     runtime.configure(num_devices=mesh.size, dump_dir=out_dir / "hlo")
     from wancompile.backend import recent_programs
     from wancompile.verify import numerics

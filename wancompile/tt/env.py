@@ -80,9 +80,7 @@ def run_worker(args: Sequence[str], timeout: float = 900, extra_env: Optional[Ma
     cache = cache_dir()
     (cache / "tmp").mkdir(parents=True, exist_ok=True)
     (cache / "tt-metal-cache").mkdir(parents=True, exist_ok=True)
-    env = {
-        k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM_DEVICES", "TPU_"))
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM_DEVICES", "TPU_"))}
     env.update(
         TMPDIR=str(cache / "tmp"),
         TT_METAL_CACHE=str(cache / "tt-metal-cache"),

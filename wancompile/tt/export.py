@@ -6,6 +6,8 @@ compiles them. For each program it writes, into its folder:
 
 - ``<name>.mlirbc``: torch_xla's StableHLO of the program as a *portable artifact* (versioned VHLO
   bytecode), the exact program tt-xla would hand tt-mlir, readable by any later MLIR;
+- ``<name>.gspmd.mlir``: the same program as torch_xla's text, GSPMD-annotated (for reading; its i1
+  constants are bit-packed, which is why the conversion reads the artifact);
 - ``<name>.shardings.json``: the plan's specs, keyed by the GSPMD annotation torch_xla writes for each
   (torch_xla itself makes the key, from a tensor marked with the spec), with the mesh's axis names and
   sizes: the worker's Shardy conversion looks every annotation up here, so the Shardy module says
@@ -46,6 +48,10 @@ class ShardyExport:
         device = str(torch_xla.device())
         artifact = self.directory / f"{stem}.mlirbc"
         artifact.write_bytes(torch_xla._XLAC._get_stablehlo(outs, device, [device], True))
+        # the same program as text, GSPMD-annotated: what stock torch_xla emits (for reading and comparing)
+        (self.directory / f"{stem}.gspmd.mlir").write_text(
+            torch_xla._XLAC._get_stablehlo(outs, device, [device], False).decode()
+        )
         shardings = self.directory / f"{stem}.shardings.json"
         shardings.write_text(json.dumps(shardings_table(self.plan, self.mesh), indent=1))
         self.names[program] = stem

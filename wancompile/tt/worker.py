@@ -98,7 +98,9 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
         for o in _walk(module.operation):  # a sharding torch_xla set on the op itself (a marked value it made)
             if "mhlo.sharding" in o.attributes and len(o.results) == 1:
                 text = ir.StringAttr(o.attributes["mhlo.sharding"]).value
-                per_value = sdy.TensorShardingPerValueAttr.get([sharding(text, ir.RankedTensorType(o.results[0].type).rank)])
+                per_value = sdy.TensorShardingPerValueAttr.get(
+                    [sharding(text, ir.RankedTensorType(o.results[0].type).rank)]
+                )
                 del o.attributes["mhlo.sharding"]
                 o.attributes["sdy.sharding"] = per_value
                 counts["constraints"] += 1

@@ -1,0 +1,203 @@
+"""Tenstorrent for real: programs for target tt-mlir are pinned, written in Shardy form, and compiled by
+tt-mlir itself (jax-tt-plugin, compile-only), whose final TTNN IR is held against the prediction.
+
+The tt-mlir compiles need the ``tt`` extra (`.ci/run` installs it); a machine without it skips them
+with the install command (CI never does: `test_ci_has_the_tt_extra`)."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from planner.collective import Collective
+from planner.mesh import MeshSpec
+from planner.targets import TARGETS, default_target
+
+from conftest import ROOT
+
+MESH = MeshSpec((2, 4), ("batch", "model"))
+
+
+def _tt_missing():
+    from wancompile.tt.env import available
+
+    return available()
+
+
+def test_ci_has_the_tt_extra():
+    if os.environ.get("CI"):
+        assert _tt_missing() is None, _tt_missing()
+
+
+needs_tt = pytest.mark.skipif(bool(_tt_missing()), reason=f"tt extra missing: {_tt_missing()}")
+
+
+def test_tt_mlir_counts_one_ttnn_op_per_mesh_axis_and_point_to_point_per_pair():
+    c = (
+        Collective("all-reduce", ("batch", "model"), 1024, 3),
+        Collective("all-gather", ("model",), 512, 2),
+        Collective("all-to-all", ("model",), 4096, 1),
+    )
+    ttnn = TARGETS["tt-mlir"].lower(c, MESH)
+    assert [(x.kind, x.axes, x.count) for x in ttnn] == [
+        ("all-reduce", ("batch",), 3),
+        ("all-reduce", ("model",), 3),
+        ("all-gather", ("model",), 2),
+        ("collective-permute", ("model",), 24),  # 2 rows x 4 x 3 (sender, receiver) pairs
+    ]
+    assert ttnn[-1].bytes == 1024  # a quarter of the operand per transfer
+    assert TARGETS["gspmd"].lower(c, MESH) == c
+
+
+def test_tenstorrent_hardware_defaults_to_tt_mlir_others_to_gspmd():
+    assert default_target("wh-galaxy") == "tt-mlir" and default_target("bh-loudbox") == "tt-mlir"
+    assert default_target(None) == "gspmd"
+
+
+def test_plan_json_records_the_target_and_both_predictions():
+    from planner.plan import Plan
+
+    plan = Plan("m", MESH, {}, collectives=(Collective("all-reduce", ("batch", "model"), 64),), target="tt-mlir")
+    data = plan.to_json()
+    assert data["target"] == "tt-mlir"
+    assert [c["axes"] for c in data["predicted_by_partitioner"]["tt-mlir"]] == [["batch"], ["model"]]
+    assert data["predicted_by_partitioner"]["gspmd"] == data["collectives"]
+    assert Plan.from_json(data).target == "tt-mlir"
+
+
+def test_a_pinned_plan_compiles_on_gspmd_to_the_same_collectives_and_numbers():
+    """Pins repeat the plan's own layouts: on XLA's partitioner they cost no collective."""
+    import torch
+
+    from wancompile.backend import last_program
+    from wancompile.models import build_transformer, transformer_inputs
+    from wancompile.verify import compare_collectives, numerics
+
+    model = build_transformer("tiny")
+    inputs = transformer_inputs("tiny", "tiny", 9)
+    for options in ({"plan": "tt-xla"}, {"memory_gb": 0.00025}):
+        torch._dynamo.reset()
+        compiled = torch.compile(
+            model, backend="wan_autoshard", options={"mesh": "2x4", "target": "tt-mlir", **options}, fullgraph=True
+        )
+        with torch.no_grad():
+            out = compiled(**inputs, return_dict=False)[0]
+            ref = model(**inputs, return_dict=False)[0]
+        program = last_program()
+        from planner.pins import pin_count
+
+        assert program.plan.target == "tt-mlir" and pin_count(program.plan) > 100
+        for m in compare_collectives(program.plan.collectives, program.collectives()):
+            assert m.count_ok, (options, m)
+        assert numerics(out, ref).pcc >= 0.99999
+
+
+def _tt_check(*args, devices=8, timeout=900):
+    from wancompile.runtime import subprocess_env
+
+    env = subprocess_env(devices)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    proc = subprocess.run(
+        [sys.executable, "-m", "wancompile.cli", "tt-check", *args, "--json"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
+    assert line is not None, proc.stdout[-2000:] + proc.stderr[-3000:]
+    return json.loads(line)
+
+
+@needs_tt
+def test_tt_xla_plan_compiles_through_tt_mlir_to_the_predicted_collectives_on_bh_and_wh():
+    report = _tt_check("--mesh", "2x4", "--plan", "tt-xla", "--system", "bh-2x4", "--system", "wh-loudbox")
+    assert report["pcc"] >= 0.99999
+    assert {(p["program"], p["system"]) for p in report["programs"]} == {
+        (p, s) for p in ("wan-dit", "wan-dit.fold") for s in ("bh-2x4", "wh-loudbox")
+    }
+    for p in report["programs"]:
+        assert p["compiled"] and p["as_predicted"], p
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit")
+    assert {(c["kind"], tuple(c["axes"])): c["ttnn_count"] for c in main["collectives"]} == {
+        ("all-gather", ("batch",)): 5,
+        ("all-reduce", ("model",)): 16,
+    }
+    with open(main["ttnn_ir"]) as f:
+        assert '"ttnn.all_reduce"' in f.read()
+
+
+@needs_tt
+@pytest.mark.slow
+def test_tt_xla_plan_on_a_32_chip_blackhole_galaxy_is_as_predicted():
+    report = _tt_check("--mesh", "8x4", "--plan", "tt-xla", "--system", "bh-galaxy", devices=32)
+    assert report["ok"], report["programs"]
+
+
+@needs_tt
+def test_shardy_module_carries_the_plan_s_mesh_and_every_annotation(tmp_path):
+    """The module tt-check compiles is torch_xla's program with each GSPMD annotation replaced by the
+    plan's spec: same arguments, same constraints, one mesh with the plan's axis names."""
+    report = _tt_check("--mesh", "2x4", "--plan", "tt-xla", "--system", "bh-2x4", "--out", str(tmp_path))
+    assert report["ok"]
+    shardy = (tmp_path / "wan-dit.tt.mlir").read_text()
+    gspmd = (tmp_path / "wan-dit.gspmd.mlir").read_text()
+    assert 'sdy.mesh @mesh = <["batch"=2, "model"=4]>' in shardy
+    assert "mhlo.sharding" not in shardy
+    assert shardy.count("sdy.sharding_constraint") >= gspmd.count("custom_call @Sharding")
+
+    def main_args(text):
+        return re.split(r"func\.func (?:public )?@main\(", text, maxsplit=1)[1].split(") ->", 1)[0]
+
+    assert main_args(gspmd).count("mhlo.sharding") == main_args(shardy).count("sdy.sharding<@mesh") > 50
+    table = json.loads((tmp_path / "wan-dit.shardings.json").read_text())
+    assert table["axis_names"] == ["batch", "model"] and table["shape"] == [2, 4]
+
+
+@needs_tt
+def test_a_spatially_split_vae_conv_without_halo_is_refused_and_the_planner_never_offers_one(tmp_path):
+    """Shardy passes a conv's spatial dims through with no halo exchange: tt-check refuses such a
+    program; the planner for target tt-mlir excludes spatial conv splits and says why."""
+    from conftest import run_script
+
+    plan = tmp_path / "spatial.json"
+    run_script(
+        [
+            "-c",
+            "import sys, torch; sys.argv=['x'];"
+            "import wancompile.vae as wvae;"
+            "from planner.mesh import parse_mesh; from planner.plan import save_plan; from planner.vae_plan import plan_vae;"
+            "from wancompile.capture import annotate, capture_fx; from wancompile.vae.configs import build_vae;"
+            "from wancompile.vae.legalize import fold_conv_padding;"
+            "vae = wvae.enable_full_t(build_vae('tiny-wan2.1')); z = torch.randn(1, 16, 3, 8, 8);"
+            "g = annotate(fold_conv_padding(capture_fx(vae.decode, z))[0], model='wan-vae');"
+            f"save_plan(plan_vae(g, parse_mesh('2x4'), 'wh-loudbox', preset='spatial'), {str(plan)!r})",
+        ],
+        8,
+    )
+    report = _tt_check(
+        "--component", "vae", "--model", "tiny-wan2.1", "--mesh", "2x4", "--plan", str(plan), "--system", "bh-2x4"
+    )
+    main = next(p for p in report["programs"] if p["program"] == "wan-vae")
+    assert not main["compiled"] and "halo" in main["error"]
+    assert report["pcc"] >= 0.99999  # on GSPMD (which exchanges halos) the same plan is exact
+    planned = _tt_check(
+        "--component",
+        "vae",
+        "--model",
+        "tiny-wan2.1",
+        "--mesh",
+        "2x4",
+        "--system",
+        "bh-2x4",
+        "--out",
+        str(tmp_path / "auto"),
+    )
+    data = json.loads((tmp_path / "auto" / "plan.json").read_text())
+    reasons = [x["reason"] for d in data["decisions"] for x in d.get("excluded", [])]
+    assert any("no halo" in r for r in reasons)
+    assert all(p["compiled"] for p in planned["programs"]), planned["programs"]
