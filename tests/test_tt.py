@@ -201,3 +201,13 @@ def test_a_spatially_split_vae_conv_without_halo_is_refused_and_the_planner_neve
     reasons = [x["reason"] for d in data["decisions"] for x in d.get("excluded", [])]
     assert any("no halo" in r for r in reasons)
     assert all(p["compiled"] for p in planned["programs"]), planned["programs"]
+
+
+@needs_tt
+@pytest.mark.slow
+def test_rewritten_graph_and_the_cfg_batch2_graph_compile_through_tt_mlir_as_predicted():
+    rewritten = _tt_check("--mesh", "2x4", "--plan", "tt-xla", "--rewrites", "all", "--system", "bh-2x4")
+    assert rewritten["ok"] and rewritten["pcc"] >= 0.99999, rewritten["programs"]
+    cfg = _tt_check("--mesh", "2x4", "--batch", "2", "--cfg-parallel", "on", "--system", "bh-2x4")
+    assert cfg["ok"] and cfg["pcc"] >= 0.99999, cfg["programs"]
+    assert {p["program"] for p in cfg["programs"]} == {"wan-dit.cfg2", "wan-dit.cfg2.fold"}
