@@ -115,20 +115,33 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
     return counts
 
 
+def _splat_like(o) -> bool:
+    """A value with no data of its own: a constant, an iota, or a scalar broadcast to a shape. Identical
+    ones are merged by tt-mlir's canonicalisation however far apart their readers are."""
+    from jaxlib.mlir import ir
+
+    if o.name in ("stablehlo.constant", "stablehlo.iota"):
+        return True
+    return o.name == "stablehlo.broadcast_in_dim" and ir.RankedTensorType(o.operands[0].type).rank == 0
+
+
 def _pin_constants(root) -> int:
-    """Every reader of a constant reads it through its own replicated, closed constraint. torch_xla
+    """Every reader of a constant (or another splat-like value, `_splat_like`) reads it through its
+    own replicated, closed constraint. torch_xla
     shares one splat constant between unrelated ops (the ``2.0`` of every ``x.pow(2)``) and tt-mlir's
     canonicalisation merges copies again; Shardy gives a value one sharding, so a split one reader
     wants (q's hidden over ``model`` in ``norm_q``) reached every other reader through the constant — a
     LayerNorm on a token-split hidden state was computed split over ``model`` too, with an all-to-all and
-    an all-gather no plan has. Replicated at each use, a constant is sliced locally where its reader
-    is split (``ttnn.mesh_partition``). Returns how many uses were pinned."""
+    an all-gather no plan has; in the VAE a broadcast scalar (``F.normalize``'s clamp bound) shared by
+    every resblock carried a channel split into the replicated ones. Replicated at each use, such a value
+    is sliced locally where its reader is split (``ttnn.mesh_partition``). Returns how many uses were
+    pinned."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import sdy
 
     pinned = 0
     for o in list(_walk(root)):
-        if o.name != "stablehlo.constant":
+        if not _splat_like(o):
             continue
         rank = ir.RankedTensorType(o.results[0].type).rank
         if rank == 0:
