@@ -25,11 +25,16 @@ the fidelity tests compile pinned plans and compare with the partitioned HLO.
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import replace
+
+from planner.collective import Collective
 from planner.graph import Graph, Node
 from planner.hardware import HardwareProfile, get_profile
 from planner.placements import Layout
 from planner.plan import ActivationConstraint, Plan
 from planner.propagate import evaluate
+from planner.targets import get_target
 
 PIN_REASON = "pinned: the layout the plan decides, so the partitioner has no choice (planner.pins)"
 OP_PIN_REASON = "pinned: the layout the op computes in, before the plan's constraint reshards it (planner.pins)"
@@ -68,6 +73,34 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
         if lays and lays[0] is not None and not lays[0].partial:
             pins.append(_pin(graph, node, lays[0], PIN_REASON))
     return plan.with_(activations=tuple(before) + plan.activations + tuple(pins))
+
+
+def target_collectives(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None) -> tuple[Collective, ...]:
+    """`plan`'s predicted collectives as its target's compiled program holds them (`Target.lower`), with
+    the reshards the target compiles differently from GSPMD (`planner.propagate.redistribute`'s
+    ``target``): the plan's collectives, less what the whole-graph propagation under GSPMD has and the
+    target's does not, plus what only the target's has."""
+    target = get_target(plan.target)
+    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    forced, copies = plan.constraint_layouts(graph)
+    boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
+    boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
+
+    def events(t) -> Counter:
+        ev = evaluate(graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, target=t)
+        return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
+
+    gspmd, own = events(None), events(target)
+    gone, extra = gspmd - own, own - gspmd
+    out: list[Collective] = []
+    for c in plan.collectives:
+        key = (c.kind, c.axes, c.bytes, c.where)
+        drop = min(gone[key], c.count)
+        gone[key] -= drop
+        if c.count > drop:
+            out.append(replace(c, count=c.count - drop))
+    out += [Collective(kind, axes, nbytes, n, where, "the target's reshard") for (kind, axes, nbytes, where), n in extra.items()]
+    return target.lower(out, plan.mesh)
 
 
 def _pinnable(graph: Graph, node: Node, fed: set[str]) -> bool:

@@ -477,6 +477,9 @@ class Plan:
     weight_sets: Optional[int] = None
     cfg_parallel: Optional[CfgParallel] = None  # batch-2 DiT plans: the CFG-parallel choice (planner.cfg)
     target: str = "gspmd"  # the partitioner the plan is for (planner.targets)
+    # the predicted collectives in the target's own terms where the graph was needed to tell them
+    # (planner.pins.target_collectives); empty: `Target.lower` of `collectives`
+    target_collectives: tuple[Collective, ...] = field(default=(), compare=False)
 
     def predicted_by_partitioner(self) -> dict[str, tuple[Collective, ...]]:
         """The predicted collectives as each partitioner compiles them (`planner.targets.Target.lower`):
@@ -484,7 +487,12 @@ class Plan:
         point-to-point transfers as collective-permutes)."""
         from planner.targets import TARGETS
 
-        return {name: t.lower(self.collectives, self.mesh) for name, t in TARGETS.items()}
+        return {
+            name: self.target_collectives
+            if name == self.target and self.target_collectives
+            else t.lower(self.collectives, self.mesh)
+            for name, t in TARGETS.items()
+        }
 
     @property
     def user_mesh(self) -> MeshSpec:

@@ -24,7 +24,7 @@ compute seconds, peak per-device tensor bytes, guards, and warnings for ops with
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
@@ -33,6 +33,9 @@ from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
 from planner.rules import OpView, rule_for
+
+if TYPE_CHECKING:
+    from planner.targets import Target
 
 Layouts = tuple[Layout, ...]
 
@@ -61,9 +64,25 @@ class Evaluation:
 
 
 def redistribute(
+    meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec, target: Optional["Target"] = None
+) -> list[tuple[str, tuple[str, ...], tuple]]:
+    """Collectives (kind, axes, per-device shape in HLO convention) turning `actual` into `required`, as
+    GSPMD compiles them; with a `target` whose slices of a split value move data
+    (`Target.slice_split_by_all_to_all`: tt-mlir), the split a value gains while it is already split
+    elsewhere is an all-to-all over the added axes, not a local slice."""
+    out = _redistribute(meta, actual, required, mesh)
+    if target is not None and target.slice_split_by_all_to_all and actual.axes:
+        moved = {a for kind, axes, _ in out if kind in ("all-to-all", "reduce-scatter") for a in axes}
+        added = tuple(a for a in mesh.axis_names if a in required.axes and a not in actual.axes and a not in moved)
+        added = tuple(a for a in added if mesh.axis_size(a) > 1)
+        if added:
+            out.append(("all-to-all", added, local_shape(meta.shape, actual, mesh)))
+    return out
+
+
+def _redistribute(
     meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec
 ) -> list[tuple[str, tuple[str, ...], tuple]]:
-    """Collectives (kind, axes, per-device shape in HLO convention) turning `actual` into `required`."""
     out: list[tuple[str, tuple[str, ...], tuple]] = []
     cur = actual
     if actual.partial and set(actual.partial) - set(required.partial):
@@ -136,6 +155,7 @@ def evaluate(
     forced: Mapping[str, Layout] = {},
     forced_inputs: Mapping[tuple[str, int], Layout] = {},
     values: Optional[Mapping[str, int]] = None,
+    target: Optional["Target"] = None,
 ) -> Evaluation:
     """Propagate layouts through `nodes` (in graph order).
 
@@ -146,6 +166,8 @@ def evaluate(
         forced_inputs: (node name, input index) -> layout of the copy of that input the node reads
             (the value's other readers keep its layout), as the lowering inserts it.
         values: example sizes for symbolic dims (costs need numbers; guards keep the symbols).
+        target: reshards as this partitioner compiles them (`redistribute`), and no all-reduce read
+            as a reduce-scatter where the target does not fuse the pair (``None``: GSPMD).
     """
     ev = Evaluation()
     ev.layouts.update(boundary)
@@ -172,7 +194,7 @@ def evaluate(
                 str(graph[node.inputs[i]].location),
                 f"activation constraint on {node.inputs[i]} read by {node.op}",
             )
-            for kind, axes, shape in redistribute(metas[i], have, want, mesh):
+            for kind, axes, shape in redistribute(metas[i], have, want, mesh, target):
                 charge(kind, axes, shape, metas[i].itemsize, where, why)
             ins[i] = want
         idx = graph.picks(node)
@@ -183,7 +205,7 @@ def evaluate(
             if want is not None and want != have:
                 ev.unforced[node.name] = have
             if want is not None:
-                for kind, axes, shape in redistribute(node.out, have, want, mesh):
+                for kind, axes, shape in redistribute(node.out, have, want, mesh, target):
                     charge(kind, axes, shape, node.out.itemsize, str(src.location), "activation constraint")
             ev.layouts[node.name] = (want or have,)
             continue
@@ -198,7 +220,7 @@ def evaluate(
         for i, (have, want) in enumerate(zip(ins, res.required)):
             if have is None or want is None or have == want:
                 continue
-            for kind, axes, shape in redistribute(metas[i], have, want, mesh):
+            for kind, axes, shape in redistribute(metas[i], have, want, mesh, target):
                 charge(kind, axes, shape, metas[i].itemsize, str(node.location), f"{node.inputs[i]} for {node.op}")
         for c in res.comm:
             if c.kind == "all-reduce":
@@ -207,10 +229,10 @@ def evaluate(
         outs = res.outputs
         if node.name in forced and outs:
             want = forced[node.name]
-            moves = redistribute(node.out, outs[0], want, mesh)
+            moves = redistribute(node.out, outs[0], want, mesh, target)
             if want != outs[0]:
                 ev.unforced[node.name] = outs[0]
-            if not moves:
+            if not moves and (target is None or target.fuses_reduce_scatter):
                 _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw)
             for kind, axes, shape in moves:
                 charge(kind, axes, shape, node.out.itemsize, str(node.location), "activation constraint")

@@ -22,7 +22,8 @@ A plan is compiled by one of two partitioners (DESIGN.md §5 "Targets"):
   * one tensor dim split over two mesh axes is refused in some positions ("Fail to determine
     shardDims") — recorded by tt-check when it happens, not modelled.
 
-`Target.lower` turns the plan's predicted collectives (GSPMD's terms, as the op rules emit them) into
+`planner.pins.target_collectives` predicts a pinned plan's collectives with the target's reshards
+(`planner.propagate.redistribute`'s ``target``); `Target.lower` turns them (GSPMD's terms, as the op rules emit them) into
 the target's: identity for ``gspmd``, TTNN ops for ``tt-mlir`` (``ttnn.point_to_point`` counted as
 ``collective-permute``, as ``plan.json``'s ``predicted_by_partitioner`` records them).
 """
@@ -44,6 +45,11 @@ class Target:
     per_axis: bool  # a collective over several mesh axes runs as one op per axis
     point_to_point: bool  # all-to-all and collective-permute run as point-to-point transfers
     spatial_halo: bool  # a spatially split convolution gets its halo exchanged by the partitioner
+    # a value already split on some axis that gains a split over another moves data: an all-to-all over
+    # the added axes (measured on tt-mlir: (model) -> (model, batch) on one dim, or a new split on another
+    # dim, compile to ttnn.point_to_point; only a split of a replicated value is a local slice)
+    slice_split_by_all_to_all: bool = False
+    fuses_reduce_scatter: bool = True  # an all-reduce whose result is sliced right after is one reduce-scatter
 
     def lower(self, collectives: Iterable[Collective], mesh: MeshSpec) -> tuple[Collective, ...]:
         """The predicted collectives as this target's compiled program holds them (count per call)."""
@@ -74,7 +80,9 @@ def _point_to_point(c: Collective, mesh: MeshSpec) -> list[Collective]:
 
 TARGETS = {
     "gspmd": Target("gspmd", "XLA GSPMD (CPU, GPU, TPU)", False, False, False, True),
-    "tt-mlir": Target("tt-mlir", "Shardy inside tt-mlir (Tenstorrent, via tt-xla)", True, True, True, False),
+    "tt-mlir": Target(
+        "tt-mlir", "Shardy inside tt-mlir (Tenstorrent, via tt-xla)", True, True, True, False, slice_split_by_all_to_all=True
+    ),
 }
 
 

@@ -74,6 +74,11 @@ def wan_autoshard(
         plan = plan.with_(rewrites=records)
     plan = plan.with_(target=opts.target or (plan.target if isinstance(opts.plan, Path) else opts.resolved_target))
     plan.check(graph)
+    if plan.target != "gspmd":
+        from planner.pins import target_collectives
+
+        hw = plan.hardware or opts.hardware or default_hardware(plan.mesh)
+        plan = plan.with_(target_collectives=target_collectives(graph, plan, hw))
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, graph, plan)
 
