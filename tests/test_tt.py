@@ -52,6 +52,34 @@ def test_tt_mlir_counts_one_ttnn_op_per_mesh_axis_and_point_to_point_per_pair():
     assert TARGETS["gspmd"].lower(c, MESH) == c
 
 
+def test_on_tt_mlir_a_split_added_to_a_split_value_is_an_all_to_all_and_from_replicated_a_slice():
+    """Measured on tt-mlir with one-op modules: (model) -> (model, batch) on one dim, or a new split on
+    another dim, compile to ttnn.point_to_point; a split of a replicated value to ttnn.mesh_partition."""
+    from planner.graph import TensorMeta
+    from planner.placements import Layout
+    from planner.propagate import redistribute
+
+    meta = TensorMeta((1, 48, 64), "float32")
+    tt = TARGETS["tt-mlir"]
+    split = Layout(((), ("model",), ()))
+    assert redistribute(meta, split, Layout(((), ("model", "batch"), ())), MESH) == []  # GSPMD: a local slice
+    assert [(k, a) for k, a, _ in redistribute(meta, split, Layout(((), ("model", "batch"), ())), MESH, tt)] == [
+        ("all-to-all", ("batch",))
+    ]
+    assert [(k, a) for k, a, _ in redistribute(meta, split, Layout(((), ("model",), ("batch",))), MESH, tt)] == [
+        ("all-to-all", ("batch",))
+    ]
+    assert redistribute(meta, Layout.replicated(3), Layout(((), ("model", "batch"), ())), MESH, tt) == []
+
+
+def test_a_cfg_split_mesh_folds_onto_the_chips_mesh():
+    from wancompile.tt.check import device_axes
+
+    split = MeshSpec((2, 1, 4), ("cfg", "batch", "model"))
+    assert device_axes(split, MESH) == {"cfg": "batch", "batch": "batch", "model": "model"}
+    assert device_axes(MESH, MESH) == {"batch": "batch", "model": "model"}
+
+
 def test_tenstorrent_hardware_defaults_to_tt_mlir_others_to_gspmd():
     assert default_target("wh-galaxy") == "tt-mlir" and default_target("bh-loudbox") == "tt-mlir"
     assert default_target(None) == "gspmd"
@@ -129,6 +157,32 @@ def test_tt_xla_plan_compiles_through_tt_mlir_to_the_predicted_collectives_on_bh
     }
     with open(main["ttnn_ir"]) as f:
         assert '"ttnn.all_reduce"' in f.read()
+
+
+@needs_tt
+def test_auto_plan_at_its_smallest_budget_compiles_through_tt_mlir_as_predicted():
+    """The auto plan at 0.00025 GB splits tokens over both axes and hidden over batch: its reshards
+    include tt-mlir's all-to-all slices, predicted by the target (planner.propagate.redistribute)."""
+    report = _tt_check("--mesh", "2x4", "--memory-gb", "0.00025", "--system", "bh-2x4")
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit")
+    assert main["as_predicted"], main["collectives"]
+    kinds = {(c["kind"], tuple(c["axes"])) for c in main["collectives"]}
+    assert ("collective-permute", ("batch",)) in kinds and ("all-gather", ("model",)) in kinds
+    assert report["pcc"] >= 0.99999
+
+
+@needs_tt
+def test_vae_channel_plan_at_a_tight_budget_and_the_cfg_pair_compile_as_predicted():
+    vae = _tt_check(
+        "--component", "vae", "--model", "tiny-wan2.1", "--mesh", "2x4", "--memory-gb", "0.0143", "--system", "bh-2x4"
+    )
+    assert vae["ok"] and vae["pcc"] >= 0.99999, vae["programs"]
+    main = next(p for p in vae["programs"] if p["program"] == "wan-vae")
+    assert sum(c["ttnn_count"] for c in main["collectives"] if c["kind"] == "all-reduce") > 20
+    cfg = _tt_check(
+        "--mesh", "2x4", "--batch", "2", "--cfg-parallel", "on", "--memory-gb", "0.0004", "--system", "bh-2x4"
+    )
+    assert cfg["ok"] and cfg["pcc"] >= 0.99999, cfg["programs"]
 
 
 @needs_tt

@@ -15,6 +15,7 @@ without a plan that fits it.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -118,8 +119,9 @@ def wan_autoshard(
 
 
 def program_name(plan: Plan) -> str:
-    """The file stem of a program's dumps for tt-mlir (``wan-dit``, ``wan-dit.cfg2``, ``wan-vae``)."""
-    return plan.model + (".cfg2" if plan.cfg_parallel is not None else "")
+    """The file stem of a program's dumps for tt-mlir (``wan-dit``, ``wan-dit.cfg2``, ``wan-vae``; a model
+    name's path separators become ``-``)."""
+    return re.sub(r"[^\w.+-]", "-", plan.model) + (".cfg2" if plan.cfg_parallel is not None else "")
 
 
 def rewrite_graph(

@@ -22,7 +22,7 @@ carry no time estimate on a multi-chip mesh.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Mapping, Optional
 
@@ -75,6 +75,27 @@ class ProgramCheck:
         }
 
 
+def device_axes(mesh: MeshSpec, device: MeshSpec) -> dict[str, str]:
+    """Each axis of a plan's mesh -> the axis of the chips' 2-D mesh it lies along: a plan mesh that
+    refines the user's (a CFG split: ``cfg=2, batch=1, model=4`` on 2x4) folds row-major onto it, and
+    TTNN's ``cluster_axis`` counts the chips' axes."""
+    out, k, size = {}, 0, 1
+    for name, n in zip(mesh.axis_names, mesh.shape):
+        while k < len(device.shape) - 1 and size == device.shape[k] and n > 1:
+            k, size = k + 1, 1
+        out[name] = device.axis_names[k]
+        size *= n
+    return out
+
+
+def on_device(collectives: Iterable[Collective], mesh: MeshSpec, device: MeshSpec) -> list[Collective]:
+    """`collectives` over a plan's mesh axes, named by the chips' mesh axes they run along."""
+    if mesh == device:
+        return list(collectives)
+    to = device_axes(mesh, device)
+    return [replace(c, axes=tuple(dict.fromkeys(to[a] for a in c.axes))) for c in collectives]
+
+
 def check_programs(
     programs: Mapping[str, Path],
     predicted: Mapping[str, Iterable[Collective]],
@@ -83,7 +104,8 @@ def check_programs(
     out_dir: Path,
 ) -> list[ProgramCheck]:
     """Compile each program (name -> its ``.tt.mlir``) for `system`; compare with `predicted` (name ->
-    the target's predicted collectives, absent = none)."""
+    the target's predicted collectives, absent = none), all on `mesh`: the chips' mesh (the plan's
+    user mesh; `on_device` names a refined plan mesh's collectives by it)."""
     env.require()
     desc = env.system_path(system)
     out: list[ProgramCheck] = []
@@ -224,7 +246,8 @@ def check_model(
         vae = wvae.enable_full_t(build_vae(model), t_chunk=t_chunk)
         z_dim = VAE_CONFIGS[model]["z_dim"]
         z = torch.randn(1, z_dim, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-        compiled = torch.compile(vae.decode, backend="wan_autoshard", options=options, fullgraph=True)
+        # chunked-T decodes one graph per chunk shape (its driver loop stays in Python)
+        compiled = torch.compile(vae.decode, backend="wan_autoshard", options=options, fullgraph=t_chunk is None)
         with torch.no_grad():
             out = compiled(z).sample
             eager = vae.decode(z).sample
@@ -250,7 +273,8 @@ def check_model(
             if path.suffix != ".mlir":
                 raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
             modules[sink.names[which]] = path
-        predicted[sink.names["main"]] = program.plan.predicted_by_partitioner()["tt-mlir"]
+        plan = program.plan
+        predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
     plan = programs[-1].plan
-    checks = [c for s in systems for c in check_programs(modules, predicted, s, plan.mesh, out_dir)]
+    checks = [c for s in systems for c in check_programs(modules, predicted, s, plan.user_mesh, out_dir)]
     return ModelCheck(plan.summary(), pin_count(plan), len(plan.activations), result.pcc, result.max_abs, tuple(checks))
