@@ -12,7 +12,9 @@ decides. `pin_layouts` propagates the plan over the whole graph and adds activat
   constraint on an op's result as the op's result sharding and propagates it into the op (a reshape
   split on a dim its operand cannot carry is then refused by tt-mlir, a matmul gathers other operands);
   two constraints keep "compute in A, then reshard A → B" exactly as the plan priced it.
-- not pinned: unreduced partial sums (neither partitioner has an annotation for them; the reduction
+- not pinned: the values from a reduction to the op that slices its result, where the op rules price the
+  pair as one reduce-scatter (`Evaluation.scattered`): pinned whole, they would force the all-reduce;
+  unreduced partial sums (neither partitioner has an annotation for them; the reduction
   is forced by the pinned reader, as the plan prices it); buffer writes (``setitem``'s value is the
   buffer torch_xla re-creates per write, ``empty_like`` is only read through those writes); values
   made from literals alone (host constants of the trace, not partitioned values); identities the
@@ -64,8 +66,10 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
             fed.add(node.name)
         if not _pinnable(graph, node, fed):
             continue
+        if node.name in ev.scattered and node.name not in forced:
+            continue  # between a reduction and the op slicing it: left open, so the pair stays one reduce-scatter
         if node.name in forced:
-            own = ev.unforced.get(node.name)
+            own = None if node.name in ev.scattered else ev.unforced.get(node.name)
             if own is not None and not own.partial:
                 before.append(_pin(graph, node, own, OP_PIN_REASON))
             continue
@@ -75,7 +79,9 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
     return plan.with_(activations=tuple(before) + plan.activations + tuple(pins))
 
 
-def target_collectives(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None) -> tuple[Collective, ...]:
+def target_collectives(
+    graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None
+) -> tuple[Collective, ...]:
     """`plan`'s predicted collectives as its target's compiled program holds them (`Target.lower`), with
     the reshards the target compiles differently from GSPMD (`planner.propagate.redistribute`'s
     ``target``): the plan's collectives, less what the whole-graph propagation under GSPMD has and the
@@ -87,7 +93,9 @@ def target_collectives(graph: Graph, plan: Plan, hardware: str | HardwareProfile
     boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
 
     def events(t) -> Counter:
-        ev = evaluate(graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, target=t)
+        ev = evaluate(
+            graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, target=t
+        )
         return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
 
     gspmd, own = events(None), events(target)
@@ -99,7 +107,10 @@ def target_collectives(graph: Graph, plan: Plan, hardware: str | HardwareProfile
         gone[key] -= drop
         if c.count > drop:
             out.append(replace(c, count=c.count - drop))
-    out += [Collective(kind, axes, nbytes, n, where, "the target's reshard") for (kind, axes, nbytes, where), n in extra.items()]
+    out += [
+        Collective(kind, axes, nbytes, n, where, "the target's reshard")
+        for (kind, axes, nbytes, where), n in extra.items()
+    ]
     return target.lower(out, plan.mesh)
 
 

@@ -53,6 +53,9 @@ class Evaluation:
     # node -> the layout its op produces where a forced layout then reshards it (the op computes in
     # this layout; the constraint's collectives come after it): what `planner.pins` pins first
     unforced: dict[str, Layout] = field(default_factory=dict)
+    # the nodes from a reduction to the op that slices its result, where the pair is one reduce-scatter
+    # (the reduced op, the pass-throughs, the slicing op): `planner.pins` leaves them open
+    scattered: set[str] = field(default_factory=set)
 
     @property
     def comm_seconds(self) -> float:
@@ -232,8 +235,9 @@ def evaluate(
             moves = redistribute(node.out, outs[0], want, mesh, target)
             if want != outs[0]:
                 ev.unforced[node.name] = outs[0]
-            if not moves and (target is None or target.fuses_reduce_scatter):
-                _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw)
+            if not moves:
+                held = forced if target is not None and not target.fuses_across_constraints else None
+                _scatter_reduction(graph, node, set(want.axes) - set(outs[0].axes), reduced, ev, mesh, hw, held)
             for kind, axes, shape in moves:
                 charge(kind, axes, shape, node.out.itemsize, str(node.location), "activation constraint")
             outs = (want,) + tuple(outs[1:])
@@ -262,18 +266,25 @@ def evaluate(
 _PASS_THROUGH = ("dropout", "contiguous", "clone")
 
 
-def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw) -> None:
+def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw, held=None) -> None:
     """An all-reduce whose value's only consumer (past pass-throughs) is sliced over the same axes
-    right after is a reduce-scatter: GSPMD emits the pair, the compilers fuse it (`redistribute`)."""
+    right after is a reduce-scatter: GSPMD emits the pair, the compilers fuse it (`redistribute`).
+    `held`: constrained nodes that keep the reduced value whole in between, which a target that does not
+    fuse across a constraint (tt-mlir) compiles as the all-reduce then the slice."""
     if not added:
         return
     for name in node.inputs:
         src = graph[name]
+        chain = []
         while src.op in _PASS_THROUGH and src.name not in reduced and len(graph.users(src.name)) == 1:
+            chain.append(src.name)
             src = graph[src.inputs[0]]
         i = reduced.get(src.name)
         if i is None or set(ev.events[i].axes) != added or len(graph.users(src.name)) != 1:
             continue
+        if held is not None and any(x in held for x in [*chain, src.name]):
+            return
+        ev.scattered.update([*chain, src.name, node.name])
         e = ev.events[i]
         ev.events[i] = replace(
             e,

@@ -49,7 +49,9 @@ class Target:
     # the added axes (measured on tt-mlir: (model) -> (model, batch) on one dim, or a new split on another
     # dim, compile to ttnn.point_to_point; only a split of a replicated value is a local slice)
     slice_split_by_all_to_all: bool = False
-    fuses_reduce_scatter: bool = True  # an all-reduce whose result is sliced right after is one reduce-scatter
+    # an all-reduce whose result is sliced right after is one reduce-scatter even where a constraint keeps
+    # the reduced value whole in between (GSPMD: the pair is read as one; tt-mlir: the all-reduce, then a slice)
+    fuses_across_constraints: bool = True
 
     def lower(self, collectives: Iterable[Collective], mesh: MeshSpec) -> tuple[Collective, ...]:
         """The predicted collectives as this target's compiled program holds them (count per call)."""
@@ -81,7 +83,14 @@ def _point_to_point(c: Collective, mesh: MeshSpec) -> list[Collective]:
 TARGETS = {
     "gspmd": Target("gspmd", "XLA GSPMD (CPU, GPU, TPU)", False, False, False, True),
     "tt-mlir": Target(
-        "tt-mlir", "Shardy inside tt-mlir (Tenstorrent, via tt-xla)", True, True, True, False, slice_split_by_all_to_all=True
+        "tt-mlir",
+        "Shardy inside tt-mlir (Tenstorrent, via tt-xla)",
+        True,
+        True,
+        True,
+        False,
+        slice_split_by_all_to_all=True,
+        fuses_across_constraints=False,
     ),
 }
 

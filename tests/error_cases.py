@@ -468,6 +468,15 @@ CASES: tuple[Case, ...] = (
         raises(_options({"meshes": "2x4"})),
     ),
     Case(
+        "option-target",
+        "backend",
+        "`options={'target': 'shardy'}`",
+        "OptionsError",
+        r"option 'target': unknown partitioner 'shardy'; choose gspmd or tt-mlir",
+        "gspmd (XLA) or tt-mlir (Tenstorrent)",
+        raises(_options({"target": "shardy"})),
+    ),
+    Case(
         "env-unknown",
         "backend",
         "`WANCOMPILE_MESHH=2x4` in the environment",

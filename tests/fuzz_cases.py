@@ -14,7 +14,8 @@ parameter-only fold program, which runs once per parameter version; anything els
 and how many programs a second call runs.
 
 Also a script: ``python tests/fuzz_cases.py ID...`` (in a process with as many virtual devices as
-the cases' meshes) prints one ``FUZZ {json}`` line per case; ``python tests/fuzz_cases.py --seed N``
+the cases' meshes) prints one ``FUZZ {json}`` line per case (``--target tt-mlir ID...``: compiled by
+tt-mlir too); ``python tests/fuzz_cases.py --seed N``
 runs the cases of another seed (`make_cases(N)`) whose meshes have this process's device count, to
 look beyond the suite's fixed draw.
 """
@@ -165,8 +166,11 @@ def _unwrap(e: Exception) -> Exception:
     return getattr(e, "inner_exception", None) or e  # the backend's error arrives wrapped by dynamo
 
 
-def run_case(c: FuzzCase) -> dict:
-    """Compile and run one case; returns {"id", "outcome": "pcc" | "error", ...} (module doc)."""
+def run_case(c: FuzzCase, target: Optional[str] = None) -> dict:
+    """Compile and run one case; returns {"id", "outcome": "pcc" | "error", ...} (module doc). With
+    ``target="tt-mlir"`` the plan is pinned and its programs are also compiled by tt-mlir (compile-only,
+    the smallest committed Blackhole system with the mesh's chips): ``row["tt"]`` holds one
+    `wancompile.tt.check.ProgramCheck` per program."""
     import torch
 
     from planner.plan import MemoryBudgetError
@@ -187,6 +191,10 @@ def run_case(c: FuzzCase) -> dict:
 
     try:
         options: dict = {"mesh": mesh}
+        if target is not None:
+            import tempfile
+
+            options.update(target=target, dump_dir=tempfile.mkdtemp(prefix=f"wancompile-fuzz-{c.id}-"))
         if c.budget == "min":
             err = refusal(1e-9)
             if not isinstance(err, MemoryBudgetError):
@@ -226,6 +234,15 @@ def run_case(c: FuzzCase) -> dict:
             # None: XLA served the fold program from its cache (an earlier case compiled and counted it)
             fold_collectives=len(program.fold_collectives()) if program.fold is None or fold is not None else None,
         )
+        if target == "tt-mlir":
+            from pathlib import Path
+
+            from wancompile.tt.check import check_compiled, system_for
+
+            system = system_for(program.plan.user_mesh)
+            if system is not None:
+                checks = check_compiled([program], [system], Path(options["dump_dir"]))
+                row["tt"] = [x.to_json() for x in checks]
     except Exception as e:  # recorded and judged by the test against the error catalogue
         inner = _unwrap(e)
         row.update(outcome="error", type=type(inner).__name__, message=str(inner)[:2000])
@@ -244,6 +261,9 @@ if __name__ == "__main__":
 
     runtime.configure(dump_dir=Path(tempfile.mkdtemp(prefix="wancompile-fuzz-")))
     ids = sys.argv[1:]
+    target = None
+    if ids[:1] == ["--target"]:
+        target, ids = ids[1], ids[2:]
     if ids[:1] == ["--seed"]:
         import torch_xla.runtime as xr
 
@@ -251,4 +271,4 @@ if __name__ == "__main__":
         ALL.update({c.id: c for c in drawn})
         ids = [c.id for c in drawn if c.devices == xr.global_runtime_device_count()]
     for case_id in ids:
-        print("FUZZ " + json.dumps(run_case(ALL[case_id])), flush=True)
+        print("FUZZ " + json.dumps(run_case(ALL[case_id], target)), flush=True)

@@ -137,6 +137,13 @@ def _parser() -> argparse.ArgumentParser:
         "(head-TP / Megatron on the last mesh axis, SP on the others, STATE A), its decisions and bill the rules'",
     )
     plan.add_argument(
+        "--target",
+        choices=["gspmd", "tt-mlir"],
+        default=None,
+        help="the partitioner the plan is for (default: tt-mlir when --hardware names a Tenstorrent profile, "
+        "else gspmd); recorded in plan.json",
+    )
+    plan.add_argument(
         "--hand",
         choices=["tt-xla"],
         default=None,
@@ -254,6 +261,8 @@ def _check_out_dir(out: Path, flag: str) -> None:
 def plan_command(args: argparse.Namespace) -> int:
     from wancompile.progress import Progress
 
+    explicit_hardware = args.hardware  # the target follows a named profile, not the mesh's default
+
     spec, mesh = _check_plan_args(args)
     progress = Progress(3)
     with progress.step(f"capturing {args.capture_blocks}-block {args.model} {args.component} on meta"):
@@ -306,6 +315,9 @@ def plan_command(args: argparse.Namespace) -> int:
             )
     if args.rewrites:
         plan = plan.with_(rewrites=records)
+    from planner.targets import default_target
+
+    plan = plan.with_(target=args.target or default_target(explicit_hardware))
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
 

@@ -90,7 +90,7 @@ def device_axes(mesh: MeshSpec, device: MeshSpec) -> dict[str, str]:
 
 def on_device(collectives: Iterable[Collective], mesh: MeshSpec, device: MeshSpec) -> list[Collective]:
     """`collectives` over a plan's mesh axes, named by the chips' mesh axes they run along."""
-    if mesh == device:
+    if mesh == device or set(mesh.axis_names) == set(device.axis_names):
         return list(collectives)
     to = device_axes(mesh, device)
     return [replace(c, axes=tuple(dict.fromkeys(to[a] for a in c.axes))) for c in collectives]
@@ -149,6 +149,47 @@ def _metrics(path: Optional[str]) -> dict[str, float]:
         "total_ops": float(summary.get("total_ops", 0)),
         "spilled_percentage": float(summary.get("spilled_percentage", 0)),
     }
+
+
+def check_compiled(programs: Iterable, systems: Iterable[str], out_dir: Path) -> list[ProgramCheck]:
+    """Every program the `ShardedProgram`s wrote for tt-mlir (main and fold), compiled for each system
+    and compared with its plan's tt-mlir prediction (the fold program: none)."""
+    modules: dict[str, Path] = {}
+    predicted: dict[str, list[Collective]] = {}
+    programs = list(programs)
+    if not programs:
+        raise RuntimeError("no program was written for tt-mlir (compile with target='tt-mlir' and a dump_dir)")
+    for program in programs:
+        sink = program.stablehlo_sink
+        for which, path in sink.written.items():
+            if path.suffix != ".mlir":
+                raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
+            modules[sink.names[which]] = path
+        plan = program.plan
+        predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
+    device = chip_mesh(programs[-1].plan.user_mesh)
+    predicted = {k: on_device(v, programs[-1].plan.user_mesh, device) for k, v in predicted.items()}
+    return [c for s in systems for c in check_programs(modules, predicted, s, device, out_dir)]
+
+
+def chip_mesh(mesh: MeshSpec) -> MeshSpec:
+    """The chips' mesh TTNN's ``cluster_axis`` counts for a plan on `mesh`: `mesh` itself, except that a
+    line (one axis of size > 1) runs as 1 x n (measured: an 8x1 plan's collectives have cluster_axis 1)."""
+    if len(mesh.shape) == 2 and mesh.shape[0] > 1 and mesh.shape[1] == 1:
+        return MeshSpec((1, mesh.shape[0]), (mesh.axis_names[1], mesh.axis_names[0]))
+    return mesh
+
+
+def system_for(mesh: MeshSpec) -> Optional[str]:
+    """The committed Blackhole descriptor a plan on `mesh` compiles for: the one of that shape, or of that
+    many chips for a line (1 x n, n x 1); None where there is none (tt-mlir refuses a mesh that is not
+    the system's: a 4x2 plan on the 2x4 system is "Mesh is not valid")."""
+    shapes = {"bh-p150": (1, 1), "bh-p300": (1, 2), "bh-2x4": (2, 4), "bh-galaxy": (8, 4)}
+    line = len(mesh.shape) == 2 and 1 in mesh.shape
+    for name, shape in shapes.items():
+        if tuple(mesh.shape) == shape or (line and mesh.size == shape[0] * shape[1]):
+            return name
+    return None
 
 
 def format_checks(checks: Iterable[ProgramCheck]) -> str:
@@ -262,19 +303,7 @@ def check_model(
             out = compiled(**inputs, return_dict=False)[0]
             eager = module(**inputs, return_dict=False)[0]
     result = numerics(out, eager)
-    modules: dict[str, Path] = {}
-    predicted: dict[str, tuple[Collective, ...]] = {}
     programs = [p for p in recent_programs() if p.stablehlo_sink is not None and p.stablehlo_sink.written]
-    if not programs:
-        raise RuntimeError("the compile wrote no program for tt-mlir (is dump_dir writable?)")
-    for program in programs:
-        sink = program.stablehlo_sink
-        for which, path in sink.written.items():
-            if path.suffix != ".mlir":
-                raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
-            modules[sink.names[which]] = path
-        plan = program.plan
-        predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
+    checks = check_compiled(programs, systems, out_dir)
     plan = programs[-1].plan
-    checks = [c for s in systems for c in check_programs(modules, predicted, s, plan.user_mesh, out_dir)]
     return ModelCheck(plan.summary(), pin_count(plan), len(plan.activations), result.pcc, result.max_abs, tuple(checks))
