@@ -54,16 +54,27 @@ def _judge(row: dict) -> None:
         assert row["below"] == "MemoryBudgetError", f"{where}: 70% of the named minimum did not fail: {row['below']}"
 
 
-def _run_in_subprocess(cases) -> None:
+def _judge_tt(row: dict) -> None:
+    """`_judge` (GSPMD, with the plan pinned for tt-mlir), then every program compiled by tt-mlir to the
+    plan's tt-mlir prediction (count per kind and chip-mesh axis)."""
+    _judge(row)
+    assert row.get("tt"), f"{row['id']}: not compiled by tt-mlir (no committed system for its mesh?)"
+    for t in row["tt"]:
+        missed = [c for c in t["collectives"] if c["predicted_count"] != c["ttnn_count"]]
+        assert t["compiled"], f"{row['id']} {t['program']}: tt-mlir refused it: {t['error']}"
+        assert t["as_predicted"], f"{row['id']} {t['program']} on {t['system']}: predicted != TTNN: {missed}"
+
+
+def _run_in_subprocess(cases, target=None, judge=_judge) -> None:
     ids = [c.id for c in cases]
     (devices,) = {c.devices for c in cases}
-    out = run_script(["tests/fuzz_cases.py", *ids], devices, timeout=3000)
+    out = run_script(["tests/fuzz_cases.py", *(["--target", target] if target else []), *ids], devices, timeout=3000)
     rows = [json.loads(line[len("FUZZ ") :]) for line in out.splitlines() if line.startswith("FUZZ ")]
     assert [r["id"] for r in rows] == ids
     failures = []
     for r in rows:
         try:
-            _judge(r)
+            judge(r)
         except AssertionError as e:
             failures.append(str(e))
     assert not failures, "\n\n".join(failures)
@@ -94,3 +105,43 @@ def test_fuzz_in_a_subprocess(devices):
 @pytest.mark.parametrize("devices", sorted({c.devices for c in SLOW}))
 def test_fuzz_long_tail(devices):
     _run_in_subprocess([c for c in SLOW if c.devices == devices])
+
+
+# The fixed subset judged on tt-mlir too (pinned plans; TTNN collectives == the tt-mlir prediction). The
+# three below are the open misses (docs/tenstorrent.md): SP along a line's only axis (4x1, 2x1) and 3 heads
+# on 1x2 — Shardy moves a weight's split with all-to-alls where the plan gathers it. Strict: a fix shows.
+TT_MISSES = {
+    "f13-4x1-4h16-L1-ffn96-lat5x4x4-p122-txt512-img6-min",
+    "f10-2x1-12h4-L2-ffn200-lat1x2x5-p111-txt16-min",
+    "1x2-3h-1x2-3h8-L2-ffn200-lat3x4x4-p122-txt7-min",
+}
+TT_CASES = sorted(i for i in DEFAULT if ALL[i].mesh != (4, 2))  # no committed system holds a 4x2 mesh
+
+
+def _needs_tt():
+    from wancompile.tt.env import available
+
+    return pytest.mark.skipif(bool(available()), reason=f"tt extra missing: {available()}")
+
+
+@_needs_tt()
+@pytest.mark.usefixtures("spmd")
+@pytest.mark.parametrize("case_id", [i for i in TT_CASES if ALL[i].devices == 8])
+def test_fuzz_on_tt_mlir_8_devices(case_id):
+    _judge_tt(run_case(ALL[case_id], "tt-mlir"))
+
+
+@_needs_tt()
+@pytest.mark.parametrize("devices", sorted({ALL[i].devices for i in TT_CASES if i not in TT_MISSES} - {8}))
+def test_fuzz_on_tt_mlir_in_a_subprocess(devices):
+    _run_in_subprocess(
+        [ALL[i] for i in TT_CASES if ALL[i].devices == devices and i not in TT_MISSES], "tt-mlir", _judge_tt
+    )
+
+
+@_needs_tt()
+@pytest.mark.slow
+@pytest.mark.parametrize("case_id", sorted(TT_MISSES))
+@pytest.mark.xfail(strict=True, reason="open tt-mlir misses (docs/tenstorrent.md)")
+def test_fuzz_on_tt_mlir_open_misses(case_id):
+    _run_in_subprocess([ALL[case_id]], "tt-mlir", _judge_tt)

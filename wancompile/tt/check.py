@@ -181,13 +181,15 @@ def chip_mesh(mesh: MeshSpec) -> MeshSpec:
 
 
 def system_for(mesh: MeshSpec) -> Optional[str]:
-    """The committed Blackhole descriptor a plan on `mesh` compiles for: the one of that shape, or of that
-    many chips for a line (1 x n, n x 1); None where there is none (tt-mlir refuses a mesh that is not
-    the system's: a 4x2 plan on the 2x4 system is "Mesh is not valid")."""
+    """The smallest committed Blackhole descriptor a plan on `mesh` compiles for (on its first chips): one
+    whose rows and columns hold the mesh's, or with enough chips for a line (1 x n, n x 1); None where
+    there is none (tt-mlir refuses a mesh the system's cannot hold: a 4x2 plan on 2x4 chips is "Mesh is
+    not valid"; a 2x2 or 1x4 one compiles on the 2x4 system's first four)."""
     shapes = {"bh-p150": (1, 1), "bh-p300": (1, 2), "bh-2x4": (2, 4), "bh-galaxy": (8, 4)}
     line = len(mesh.shape) == 2 and 1 in mesh.shape
-    for name, shape in shapes.items():
-        if tuple(mesh.shape) == shape or (line and mesh.size == shape[0] * shape[1]):
+    for name, (rows, cols) in shapes.items():
+        fits = len(mesh.shape) == 2 and mesh.shape[0] <= rows and mesh.shape[1] <= cols
+        if fits or (line and mesh.size <= rows * cols):
             return name
     return None
 
