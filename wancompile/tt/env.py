@@ -76,8 +76,22 @@ def require(need_plugin: bool = True) -> None:
 
 
 def run_worker(args: Sequence[str], timeout: float = 900, extra_env: Optional[Mapping[str, str]] = None):
-    """Run the worker with the cache folder in place; returns the CompletedProcess (stdout, stderr text)."""
+    """Run the worker with the cache folder in place; returns the CompletedProcess (stdout, stderr text).
+    Compiles run one at a time per cache folder (a file lock): the plugin writes the system descriptor it
+    loads to ``$TMPDIR/tt_pjrt_system_descriptor`` and deletes it at exit, so two at once clobber each other
+    ("system desc does not exist", seen with a benchmark and the fuzz side by side)."""
+    import fcntl
+
     cache = cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    if args and args[0] == "compile":
+        with open(cache / "compile.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            return _run(cache, args, timeout, extra_env)
+    return _run(cache, args, timeout, extra_env)
+
+
+def _run(cache: Path, args: Sequence[str], timeout: float, extra_env: Optional[Mapping[str, str]]):
     (cache / "tmp").mkdir(parents=True, exist_ok=True)
     (cache / "tt-metal-cache").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "PJRT_", "CPU_NUM_DEVICES", "TPU_"))}
