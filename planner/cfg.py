@@ -134,11 +134,13 @@ def plan_dit(
     *,
     cfg_parallel: Union[str, bool, None] = "auto",
     cfg_axes: Optional[tuple[str, ...]] = None,
+    target: str = "gspmd",
     **kwargs: Any,
 ) -> Plan:
     """Plan a DiT graph with the CFG-parallel choice (module docstring); `kwargs` go to `plan_graph`.
     `cfg_axes`: the mesh axes that may be halved (default: the major-most axis of size > 1, see the module
-    docstring); among several, the cost picks.
+    docstring); among several, the cost picks. `target`: a split mesh the partitioner cannot compile
+    (`planner.targets.Target.max_mesh_axes`) is an infeasible option, with its reason.
 
     A graph whose batch is not even has no CFG pair to split: ``auto``/``off`` plan it as usual (no
     record), ``on`` raises. ``on`` on a mesh with no even axis, or where no split plan fits memory,
@@ -169,8 +171,18 @@ def plan_dit(
         )
     plans: dict[str, Plan] = {}
     options = [_option("off", mesh, None, lambda: plan_graph(graph, mesh, hw, **kwargs), plans)]
+    from planner.targets import get_target
+
+    limit = get_target(target).max_mesh_axes
     for axis in axes:
         split = split_mesh(mesh, axis)
+        if limit is not None and sum(n > 1 for n in split.shape) > limit:
+            why = (
+                f'target {target} compiles meshes of at most {limit} axes of size > 1 (tt-mlir: "Pass expects a 0D, '
+                f'1D, or 2D mesh"; sub-axis shardings are refused too); the split mesh {split} has more'
+            )
+            options.append(CfgOption(f"split({axis})", split, axis, reason=why))
+            continue
         options.append(
             _option(
                 f"split({axis})",

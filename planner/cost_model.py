@@ -38,11 +38,18 @@ def axis_devices(mesh: MeshSpec, axes: Sequence[str]) -> int:
     return math.prod(mesh.axis_size(a) for a in axes)
 
 
+# The price of a collective the profile's compiler cannot lower (`HardwareProfile.unlowerable`): so high
+# that the solver takes any plan without it; a plan that still needs one shows it in its prediction.
+UNLOWERABLE_S = 1e3
+
+
 def collective_seconds(kind: str, nbytes: float, axes: Sequence[str], mesh: MeshSpec, hw: HardwareProfile) -> float:
     """Seconds for one call of collective `kind` moving `nbytes` (HLO convention) over `axes`."""
     n = axis_devices(mesh, axes)
     if n <= 1 or nbytes <= 0:
         return 0.0
+    if kind in hw.unlowerable:
+        return UNLOWERABLE_S
     links = [hw.axis(mesh.axis_index(a), mesh.axis_size(a)) for a in axes]
     link = min(links, key=lambda ln: float(ln.fit(kind).bw))
     fit = link.fit(kind)

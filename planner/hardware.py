@@ -74,6 +74,9 @@ class HardwareProfile:
     )
     tile: int = 1  # token granularity the kernels want per device (TT tiles are 32x32)
     vendor: str = ""  # "tenstorrent": compiled by tt-mlir (planner.targets.default_target)
+    # collective kinds the partitioner the plan is for cannot lower (planner.targets.Target.profile):
+    # priced prohibitively (cost_model.UNLOWERABLE_S)
+    unlowerable: tuple[str, ...] = ()
 
     def axis(self, index: int, size: int) -> AxisLink:
         """The link of mesh axis `index`; a mesh that differs from the profile's native shape uses

@@ -34,6 +34,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Optional
 
 from planner.collective import Collective
+from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 
 
@@ -52,6 +53,16 @@ class Target:
     # an all-reduce whose result is sliced right after is one reduce-scatter even where a constraint keeps
     # the reduced value whole in between (GSPMD: the pair is read as one; tt-mlir: the all-reduce, then a slice)
     fuses_across_constraints: bool = True
+    # mesh axes of size > 1 a program may name (tt-mlir: "Pass expects a 0D, 1D, or 2D mesh"; sub-axis
+    # shardings are refused too), so a CFG split that makes a third one is not offered
+    max_mesh_axes: Optional[int] = None
+    # collective kinds its partitioner cannot lower: tt-mlir has no lowering for Shardy's collective-permute
+    # (tt-mlir #3370), which is what GSPMD's reorder of a split's devices needs
+    unlowerable: tuple[str, ...] = ()
+
+    def profile(self, hw: HardwareProfile) -> HardwareProfile:
+        """`hw` as the planner prices it for this target: what it cannot lower priced out."""
+        return replace(hw, unlowerable=self.unlowerable) if self.unlowerable else hw
 
     def lower(self, collectives: Iterable[Collective], mesh: MeshSpec) -> tuple[Collective, ...]:
         """The predicted collectives as this target's compiled program holds them (count per call)."""
@@ -91,6 +102,8 @@ TARGETS = {
         False,
         slice_split_by_all_to_all=True,
         fuses_across_constraints=False,
+        max_mesh_axes=2,
+        unlowerable=("collective-permute",),
     ),
 }
 

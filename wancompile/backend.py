@@ -220,31 +220,35 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
     """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
     graph, the DiT planner's for a Wan DiT graph, else replicated (logged)."""
     from planner.cfg import plan_dit
+    from planner.hardware import get_profile
+    from planner.targets import get_target
     from planner.vae_plan import is_vae_graph, plan_vae
 
+    # priced as the target compiles: what its partitioner cannot lower is priced out (Target.profile)
+    profile = get_target(opts.resolved_target).profile(get_profile(opts.hardware or default_hardware(mesh)))
     if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
         if opts.cfg_parallel == "on":
             log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
         return plan_vae(
             graph,
             mesh,
-            opts.hardware or default_hardware(mesh),
+            profile,
             memory_gb=opts.memory_gb,
             model=graph.model,
             target=opts.resolved_target,
         )
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
-        hardware = opts.hardware or default_hardware(mesh)
         # A batch-2 graph (the CFG pair as one forward) gets the costed CFG-parallel choice (planner.cfg).
         return plan_dit(
             graph,
             mesh,
-            hardware,
+            profile,
             cfg_parallel=opts.cfg_parallel,
             memory_gb=opts.memory_gb,
             model=graph.model,
             values=values or None,
             weight_copies=opts.weight_sets,
+            target=opts.resolved_target,
         )
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
