@@ -206,6 +206,7 @@ def plan_dit(
         cfg_parallel=record,
         decisions=(_decision(record, best),) + plan.decisions,
         notes=plan.notes + (_note(record, best),),
+        target=target,
     )
 
 

@@ -57,7 +57,8 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
-    ev = evaluate(graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies)
+    halo = get_target(plan.target).spatial_halo
+    ev = evaluate(graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, halo=halo)
     before: list[ActivationConstraint] = []  # the op's own layout, ahead of the plan's constraint on it
     pins: list[ActivationConstraint] = []
     fed: set[str] = set()  # nodes computed from a graph input
@@ -94,7 +95,15 @@ def target_collectives(
 
     def events(t) -> Counter:
         ev = evaluate(
-            graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, target=t
+            graph,
+            list(graph),
+            plan.mesh,
+            hw,
+            boundary=boundary,
+            forced=forced,
+            forced_inputs=copies,
+            target=t,
+            halo=target.spatial_halo,
         )
         return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
 

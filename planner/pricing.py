@@ -48,15 +48,19 @@ def evaluate_option(
     forced: Mapping[str, Layout],
     values: Mapping[str, int],
     base: Optional[Mapping] = None,
+    halo: bool = True,
 ) -> Evaluation:
     """Run the rules over `nodes` with the option's parameter layouts, the stream values it reads in
-    `stream`'s layouts, its constraints `forced`; any other outside value as in `base` (else whole)."""
+    `stream`'s layouts, its constraints `forced`; any other outside value as in `base` (else whole);
+    `halo` as `planner.propagate.evaluate`'s."""
     nodes = list(nodes)
     inside = set(nodes)
     boundary = {k: v for k, v in (base or {}).items() if k not in inside}
     boundary.update({p: (lay,) for p, lay in params.items()})
     boundary.update({x: (lay,) for x, lay in stream.items()})
-    return evaluate(graph, [graph[x] for x in nodes], mesh, hw, boundary=boundary, forced=forced, values=values)
+    return evaluate(
+        graph, [graph[x] for x in nodes], mesh, hw, boundary=boundary, forced=forced, values=values, halo=halo
+    )
 
 
 def local_bytes(meta: TensorMeta, layout: Optional[Layout], mesh: MeshSpec, values: Mapping[str, int]) -> float:

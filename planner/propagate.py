@@ -159,6 +159,7 @@ def evaluate(
     forced_inputs: Mapping[tuple[str, int], Layout] = {},
     values: Optional[Mapping[str, int]] = None,
     target: Optional["Target"] = None,
+    halo: bool = True,
 ) -> Evaluation:
     """Propagate layouts through `nodes` (in graph order).
 
@@ -171,6 +172,8 @@ def evaluate(
         values: example sizes for symbolic dims (costs need numbers; guards keep the symbols).
         target: reshards as this partitioner compiles them (`redistribute`), and no all-reduce read
             as a reduce-scatter where the target does not fuse the pair (``None``: GSPMD).
+        halo: spatially split convs get their halo from the partitioner; False: from the program, as
+            the lowering writes it for a target without (`planner.rules.conv`, `wancompile.halo`).
     """
     ev = Evaluation()
     ev.layouts.update(boundary)
@@ -217,7 +220,7 @@ def evaluate(
             ev.warnings.append(
                 f"{node.location}: no sharding rule for op {node.op!r}; planned replicated (all inputs gathered)"
             )
-        view = OpView(node, ins, metas, mesh, wanted=forced.get(node.name))
+        view = OpView(node, ins, metas, mesh, wanted=forced.get(node.name), halo=halo)
         res = fn(view)
         ev.guards.extend(res.guards)
         for i, (have, want) in enumerate(zip(ins, res.required)):

@@ -17,8 +17,9 @@ A plan is compiled by one of two partitioners (DESIGN.md §5 "Targets"):
     receiver) pair, and only between chips of one mesh row or column (tt-mlir PR #6286); Shardy's own
     collective-permute is not lowered at all (tt-mlir #3370);
   * a convolution's spatial dims are pass-through for Shardy: a spatially split conv gets no halo
-    exchange (tt-mlir #8216) — each chip pads its own tile with zeros, a silently wrong result, so the
-    planner does not offer spatial conv splits for this target;
+    exchange (tt-mlir #8216) — each chip would pad its own tile with zeros, a silently wrong result, so
+    for this target the lowering writes the halo into the program (`wancompile.halo`: every tile's edge
+    rows all-gathered, the tiles moved into the batch of an unpadded conv), and the conv rule prices that;
   * one tensor dim split over two mesh axes is refused in some positions ("Fail to determine
     shardDims") — recorded by tt-check when it happens, not modelled.
 
@@ -45,7 +46,8 @@ class Target:
     pinned: bool  # plans for it pin every decided layout (planner.pins)
     per_axis: bool  # a collective over several mesh axes runs as one op per axis
     point_to_point: bool  # all-to-all and collective-permute run as point-to-point transfers
-    spatial_halo: bool  # a spatially split convolution gets its halo exchanged by the partitioner
+    # a spatially split convolution gets its halo exchanged by the partitioner; False: the program carries it
+    spatial_halo: bool
     # a value already split on some axis that gains a split over another moves data: an all-to-all over
     # the added axes (measured on tt-mlir: (model) -> (model, batch) on one dim, or a new split on another
     # dim, compile to ttnn.point_to_point; only a split of a replicated value is a local slice)
@@ -59,6 +61,9 @@ class Target:
     # collective kinds its partitioner cannot lower: tt-mlir has no lowering for Shardy's collective-permute
     # (tt-mlir #3370), which is what GSPMD's reorder of a split's devices needs
     unlowerable: tuple[str, ...] = ()
+    # a program result split on one dim over several mesh axes must name them in mesh order (tt-mlir:
+    # "Fail to determine shardDims" for {devices=[1,1,1,1,8]<=[2,4]T(1,0)}, W over (model, batch))
+    results_in_mesh_order: bool = False
 
     def profile(self, hw: HardwareProfile) -> HardwareProfile:
         """`hw` as the planner prices it for this target: what it cannot lower priced out."""
@@ -104,6 +109,7 @@ TARGETS = {
         fuses_across_constraints=False,
         max_mesh_axes=2,
         unlowerable=("collective-permute",),
+        results_in_mesh_order=True,
     ),
 }
 

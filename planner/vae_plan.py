@@ -18,7 +18,10 @@ Strategies per macro (all priced by the op rules, `planner.propagate.evaluate`):
 
 - ``spatial(H:a,W:b)``: activations (B, C, T, H, W) split on H over mesh axes a and W over b,
   weights replicated; every conv output is pinned to that layout (the lowering's in-graph
-  constraints). The conv rule charges the halo collective-permutes (tt-metal's plan).
+  constraints). The conv rule charges the halo collective-permutes (tt-metal's plan), or, for a target
+  whose partitioner exchanges no halo (tt-mlir), the all-gathered edge rows of the halo the lowering
+  writes into the program (`wancompile.halo`). A macro whose stream arrives in another layout reads it
+  through a constraint to its own (a local slice, or the all-gather the edge is priced with).
 - ``channel(t)`` (resblocks): the seed's channel Megatron: conv1 C_out-split (column), conv2
   C_in-split (row) with an all-reduce of its output, norm2 with a statistics all-reduce.
 - ``gather(H:a,W:b)`` (attention): the stream stays spatial, the normalised input is gathered and
@@ -47,6 +50,7 @@ from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, numel, shard_count
 from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted
 from planner.propagate import Evaluation, redistribute
+from planner.targets import Target, get_target
 
 _DEC = r"(?:^|.*?\.)decoder\."
 _PATTERNS = (
@@ -225,8 +229,36 @@ def _spatial_fits(graph: Graph, m: Macro, key: tuple, mesh: MeshSpec, crossing: 
 
 NO_HALO = (
     "target tt-mlir exchanges no halo for a spatially split convolution (Shardy treats its spatial dims as "
-    "pass-through, tt-mlir #8216): each chip would pad its own tile with zeros, wrong at every shard edge"
+    "pass-through, tt-mlir #8216), and {conv} (kernel {kernel}, stride {stride}, padding {padding}, dilation "
+    "{dilation}) is no same-size stride-1 window whose halo the program can carry (wancompile.halo)"
 )
+
+
+def _no_explicit_halo(graph: Graph, conv: Node) -> Optional[str]:
+    """Why `conv`'s halo cannot be written into the program (None: it can), for a target without halos."""
+    from planner.rules.conv import explicit_halo_ok, window
+
+    nsp = len(conv.out.shape) - 2
+    kernel = tuple(graph[conv.inputs[1]].out.shape[2:])
+    stride, padding, dilation = window(conv.attrs.get("args", []), dict(conv.attrs.get("kwargs", {})), nsp)
+    for s in range(nsp - 2, nsp):  # H and W
+        if not explicit_halo_ok(kernel[s], stride[s], padding[s], dilation[s]):
+            return NO_HALO.format(
+                conv=conv.location, kernel=kernel[s], stride=stride[s], padding=padding[s], dilation=dilation[s]
+            )
+    return None
+
+
+_TRANSPOSED = (
+    "target {target} refuses a program result split on one dim over mesh axes out of mesh order "
+    '("Fail to determine shardDims"), and the decoded frames would be one'
+)
+
+
+def _transposed(key: tuple, mesh: MeshSpec) -> bool:
+    """Whether a spatial key splits H or W over several axes out of mesh order."""
+    order = {a: i for i, a in enumerate(mesh.axis_names)}
+    return any(list(axes) != sorted(axes, key=order.__getitem__) for axes in key[1:])
 
 
 def _spans_space(graph: Graph, conv: Node) -> bool:
@@ -237,10 +269,12 @@ def _spans_space(graph: Graph, conv: Node) -> bool:
 
 
 def macro_strategies(
-    graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str], halo: bool = True
+    graph: Graph, m: Macro, mesh: MeshSpec, crossing: list[str], target: Optional[Target] = None
 ) -> tuple[list[VaeStrategy], list[Exclusion]]:
-    """Legal strategies of a macro and the reasons the others were excluded; `halo`: the target
-    exchanges halos for spatially split convolutions (`planner.targets.Target.spatial_halo`)."""
+    """Legal strategies of a macro and the reasons the others were excluded, for `target`'s partitioner
+    (default GSPMD): whether it exchanges halos for spatially split convolutions
+    (`planner.targets.Target.spatial_halo`), and which result layouts it accepts."""
+    halo = target is None or target.spatial_halo
     why: list[Exclusion] = []
     out: list[VaeStrategy] = []
     rep = {p: Layout.replicated(len(graph[p].out.shape)) for p in m.params}
@@ -253,9 +287,14 @@ def macro_strategies(
         if bad:
             why.append(bad)
             continue
-        if not halo and m.kind != "attention" and any(_spans_space(graph, c) for c in convs):
-            why.append(Exclusion(f"spatial({_key_name(key)})", NO_HALO))
+        if target is not None and target.results_in_mesh_order and m.kind == "tail" and _transposed(key, mesh):
+            why.append(Exclusion(f"spatial({_key_name(key)})", _TRANSPOSED.format(target=target.name)))
             continue
+        if not halo and m.kind != "attention":
+            bad = next((r for c in convs if _spans_space(graph, c) and (r := _no_explicit_halo(graph, c))), None)
+            if bad:
+                why.append(Exclusion(f"spatial({_key_name(key)})", bad))
+                continue
         if m.kind == "attention":
             forced = _attention_gather(graph, m, key)
             out.append(VaeStrategy(f"gather({_key_name(key)})", key, rep, forced))
@@ -385,9 +424,8 @@ class VaeFamily:
         model: str = "",
         target: str = "gspmd",
     ):
-        from planner.targets import get_target
-
-        self.halo = get_target(target).spatial_halo
+        self.target = get_target(target)
+        self.halo = self.target.spatial_halo
         if preset not in PRESETS:
             raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
         self.g, self.mesh, self.hw, self.vals = graph, mesh, hw, dict(values or {})
@@ -415,7 +453,15 @@ class VaeFamily:
     def evaluate(self, m: Macro, s: VaeStrategy) -> Evaluation:
         stream = {x: stream_layout(s.key, self.g[x].out) for x in self.crossing(m)}
         return pricing.evaluate_option(
-            self.g, m.nodes, self.mesh, self.hw, params=s.params, stream=stream, forced=s.forced, values=self.vals
+            self.g,
+            m.nodes,
+            self.mesh,
+            self.hw,
+            params=s.params,
+            stream=stream,
+            forced=s.forced,
+            values=self.vals,
+            halo=self.halo,
         )
 
     def param_bytes(self, m: Macro, s: VaeStrategy) -> float:
@@ -434,7 +480,7 @@ class VaeFamily:
         evals: dict[tuple[str, str], Evaluation] = {}
         for gname, members in self.members.items():
             rep = members[0]
-            opts, why = macro_strategies(self.g, rep, self.mesh, self.crossing(rep), halo=self.halo)
+            opts, why = macro_strategies(self.g, rep, self.mesh, self.crossing(rep), self.target)
             kept = [s for s in opts if all(_matches(r, rep, s.name, self.mesh) for r in self.restricts)]
             if not kept:
                 wanted = [r.get(rep.name, r.get(rep.kind, r.get("*"))) for r in self.restricts]
@@ -497,8 +543,10 @@ def plan_vae(
             (``ALL`` stands for every mesh axis of size > 1, joined by ``+``).
         preset: ``auto`` (the solver decides), ``spatial``, ``channel-megatron`` (the seed's hand
             plan), ``replicated``; a strategy must satisfy both the preset and `only`.
-        target: the partitioner (`planner.targets`); for ``tt-mlir`` no spatial conv split is offered
-            (its exclusion, with the reason, is in the plan's decisions).
+        target: the partitioner (`planner.targets`), recorded in the plan; for one that exchanges no
+            conv halos (``tt-mlir``) a spatial split is priced with the halo the lowering writes into the
+            program (`planner.rules.conv`, `wancompile.halo`), and offered only where every conv it
+            splits has a same-size stride-1 window (otherwise excluded, with the reason in the decisions).
 
     Raises:
         PlanError: no plan fits the memory budget, or `only` leaves a macro without a legal strategy
@@ -509,7 +557,21 @@ def plan_vae(
         graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model, target=target
     )
     budget = memory_gb * 1e9 if memory_gb is not None else float(hw.dram_bytes)
-    return engine.plan(family, budget, time_limit_s)
+    return engine.plan(family, budget, time_limit_s).with_(target=target)
+
+
+def halo_convs(graph: Graph, plan: Plan) -> list[str]:
+    """Locations of the convs `plan` splits on a spatial dim their window spans: the ones whose halo
+    depends on the target (the partitioner's exchange, or the program's: `planner.targets.Target.spatial_halo`)."""
+    out, at = [], graph.by_location()
+    for a in plan.activations:
+        node = at.get(a.location)
+        if node is None or node.op not in ("conv3d", "conv2d") or a.input is not None or not _spans_space(graph, node):
+            continue
+        kernel = graph[node.inputs[1]].out.shape[2:]
+        if any(e is not None and k > 1 for e, k in zip(tuple(a.spec)[-len(kernel) :], kernel)):
+            out.append(str(a.location))
+    return list(dict.fromkeys(out))
 
 
 def _edges(ctx: VaeFamily, tables: Mapping[str, tuple[VaeStrategy, ...]]) -> list[Edge]:
@@ -555,7 +617,7 @@ def _assemble(ctx: VaeFamily, solution: engine.Solution, decisions) -> Plan:
     param_bytes = 0.0
     for m in ctx.macros:
         gname = ctx.group_of[m.name]
-        opts, _ = macro_strategies(g, m, mesh, ctx.crossing(m))
+        opts, _ = macro_strategies(g, m, mesh, ctx.crossing(m), ctx.target)
         s = next(o for o in opts if o.name == chosen[gname].name)
         key_of[m.name] = s.key
         ev = ctx.evaluate(m, s)
@@ -589,11 +651,23 @@ def _assemble(ctx: VaeFamily, solution: engine.Solution, decisions) -> Plan:
             if src_macro is None or key_of[src_macro] == key_of[m.name]:
                 continue
             meta = g[x].out
-            for kind, axes, shape in redistribute(
-                meta, stream_layout(key_of[src_macro], meta), stream_layout(key_of[m.name], meta), mesh
-            ):
+            have, want = stream_layout(key_of[src_macro], meta), stream_layout(key_of[m.name], meta)
+            for kind, axes, shape in redistribute(meta, have, want, mesh):
                 nbytes = int(as_number(numel(shape), ctx.vals) * meta.itemsize)
                 events[(kind, axes, nbytes, f"{g[x].location} -> {m.name}")] += 1
+            if have != want:  # the macro was priced reading its stream in its own layout: so it reads it
+                for reader in m.nodes:
+                    for i, inp in enumerate(g[reader].inputs):
+                        if inp == x:
+                            acts.append(
+                                ActivationConstraint(
+                                    g[reader].location,
+                                    want.to_spec(),
+                                    meta.shape,
+                                    reason=f"{m.name} reads {g[x].location} as {_key_name(key_of[m.name])}",
+                                    input=i,
+                                )
+                            )
     collectives = pricing.collectives(events, mesh)
     comm = sum(collective_seconds(c.kind, c.bytes, c.axes, mesh, ctx.hw) * c.count for c in collectives)
     memory = int(param_bytes + pricing.ACTIVATION_FACTOR * peak)

@@ -108,6 +108,26 @@ def run_script(args, num_devices, timeout=900, stderr=False, **env_extra):
     return (proc.stdout, proc.stderr) if stderr else proc.stdout
 
 
+def save_vae_plan(path, *, model="tiny-wan2.1", mesh="2x4", target="gspmd", only=None, preset="spatial"):
+    """A plan for the tiny VAE's full-T decode (captured as the backend captures it), saved to `path`."""
+    import torch
+
+    import wancompile.vae as wvae
+    from planner.mesh import parse_mesh
+    from planner.plan import save_plan
+    from planner.vae_plan import plan_vae
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.vae.configs import build_vae
+    from wancompile.vae.legalize import fold_conv_padding
+
+    vae = wvae.enable_full_t(build_vae(model))
+    z = torch.randn(1, vae.config.z_dim, 3, 8, 8)
+    g = annotate(fold_conv_padding(capture_fx(vae.decode, z))[0], model="wan-vae")
+    plan = plan_vae(g, parse_mesh(mesh), "wh-loudbox", preset=preset, only=only, target=target)
+    save_plan(plan, path)
+    return plan
+
+
 @__import__("contextlib").contextmanager
 def raises_from_backend(exc_type, match):
     """Like ``pytest.raises(exc_type, match=...)`` for an error raised inside the backend: dynamo

@@ -216,6 +216,22 @@ def _compile(options: dict, *, nan: bool = False):
     return fn
 
 
+def _vae_retarget(tmp):
+    import torch
+
+    import wancompile.vae as wvae
+    from wancompile.vae.configs import build_vae
+
+    from conftest import save_vae_plan
+
+    save_vae_plan(tmp / "spatial.json", target="gspmd")
+    vae = wvae.enable_full_t(build_vae("tiny-wan2.1"))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        options = {"mesh": "2x4", "plan": str(tmp / "spatial.json"), "target": "tt-mlir"}
+        torch.compile(vae.decode, backend="wan_autoshard", options=options)(torch.randn(1, 16, 3, 8, 8))
+
+
 def _meshes(tmp):
     return None
 
@@ -529,6 +545,17 @@ CASES: tuple[Case, ...] = (
         r"mesh \S+ needs \d+ devices but the XLA runtime has \d+",
         "a mesh of the device count, or CPU_NUM_DEVICES",
         raises(_compile({"mesh": "2x2"})),
+        needs_devices=True,
+    ),
+    Case(
+        "plan-retarget-halo",
+        "backend",
+        "a saved VAE plan made for `gspmd` that splits convolutions spatially, compiled with `target='tt-mlir'`",
+        "PlanError",
+        r"plan \S+ was made for target 'gspmd' and splits \d+ convolution\(s\) spatially .* target 'tt-mlir' gets "
+        r"their halos another way",
+        "re-plan for the target (`wancompile plan --target tt-mlir`), or compile for the plan's own target",
+        raises(_vae_retarget),
         needs_devices=True,
     ),
     Case(

@@ -13,6 +13,9 @@ from rewrites import PASS_NAMES, RewriteContext, RewriteReport, apply_rewrites
 from rewrites._core import module_path
 
 TOLERANCE = 1e-6  # max-abs, fp32, eager
+# the decode runs ~30 convs and norms deep: a rewritten norm's rounding reaches 1.01e-6 on some CPUs
+# (measured here for rmsnorm; a wrong rewrite is off by 1e-2 or more)
+VAE_TOLERANCE = 4e-6
 
 DIT_PASSES = {"qkv": 4, "patch_embed": 1, "rope": 4}  # sites in a 2-block DiT (rope: q and k per block)
 VAE_PASSES = ("rmsnorm", "conv1x1")
@@ -90,7 +93,7 @@ def test_vae_pass_keeps_the_output_of_every_decode_graph(vae_graphs, name):
         _, (report,) = apply_rewrites(gm, [name])
         total += report.count
         assert report.skipped == ()
-        assert max_abs(run(gm, inputs), expected) <= TOLERANCE
+        assert max_abs(run(gm, inputs), expected) <= VAE_TOLERANCE
     assert total > 0
 
 

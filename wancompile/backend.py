@@ -73,7 +73,10 @@ def wan_autoshard(
         _check_rewrites(plan, opts)
     elif records:
         plan = plan.with_(rewrites=records)
+    saved = plan.target
     plan = plan.with_(target=opts.target or (plan.target if isinstance(opts.plan, Path) else opts.resolved_target))
+    if isinstance(opts.plan, Path) and plan.target != saved:
+        _check_retarget(graph, plan, saved, opts.plan)
     plan.check(graph)
     if plan.target != "gspmd":
         from planner.pins import target_collectives
@@ -95,7 +98,7 @@ def wan_autoshard(
         if opts.dump_dir is not None and target.name == "tt-mlir":
             from wancompile.tt.export import ShardyExport
 
-            program.stablehlo_sink = ShardyExport(opts.dump_dir, program_name(plan), plan, xmesh)
+            program.stablehlo_sink = ShardyExport(opts.dump_dir, program_name(plan), plan, xmesh, specs=program.specs)
         program.verification = None
         _RECENT.append(program)
         del _RECENT[:-8]
@@ -252,6 +255,23 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
         )
     log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
     return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
+
+
+def _check_retarget(graph: Graph, plan: Plan, saved: str, path: Path) -> None:
+    """A saved plan compiled for another target than it was made for: fine unless it splits convs
+    spatially and the two targets get their halos differently (its collectives would not be the program's)."""
+    from planner.targets import get_target
+    from planner.vae_plan import halo_convs
+
+    if get_target(saved).spatial_halo == get_target(plan.target).spatial_halo:
+        return
+    convs = halo_convs(graph, plan)
+    if convs:
+        raise PlanError(
+            f"plan {path} was made for target {saved!r} and splits {len(convs)} convolution(s) spatially (first: "
+            f"{convs[0]}); target {plan.target!r} gets their halos another way, so its collectives would not be the "
+            f"program's. Re-plan for it (wancompile plan --target {plan.target} ...), or compile with target={saved!r}"
+        )
 
 
 def _dump(dump_dir, graph: Graph, plan: Plan) -> None:

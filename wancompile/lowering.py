@@ -36,11 +36,13 @@ from typing import Any, Callable, Optional, Sequence
 import numpy as np
 import torch
 import torch.fx as fx
+import torch.nn.functional as F
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec, PartitionSpec
 from planner.pins import PIN_REASONS
 from planner.plan import Plan, PlanError, replicated_params
+from planner.targets import get_target
 from wancompile.legalize import layer_norm_decomposed, legalize
 
 
@@ -126,6 +128,50 @@ def _pinned_layer_norm(x, normalized_shape, weight=None, bias=None, eps=1e-5, *,
     return layer_norm_decomposed(x, normalized_shape, weight, bias, eps, mark=mark)
 
 
+def _halo_conv(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1, *, conv: str, mesh_key: str, spec):
+    """`wancompile.halo.halo_conv` on this lowering's mesh: a spatially split conv with its halo in the program."""
+    import torch_xla.distributed.spmd as xs
+
+    from wancompile.halo import halo_conv
+
+    mesh = _MESHES[mesh_key]
+    sizes = dict(zip(mesh.axis_names, (int(n) for n in mesh.mesh_shape)))
+    return halo_conv(
+        getattr(torch, conv),
+        x,
+        weight,
+        bias,
+        stride,
+        padding,
+        dilation,
+        groups,
+        spec=spec,
+        sizes=sizes,
+        mark=lambda t, sp: xs.mark_sharding(t, mesh, sp),
+    )
+
+
+def _halo_specs(node: fx.Node, conv: str, spec: PartitionSpec, mesh: Any) -> set:
+    """The layouts `_halo_conv` pins for `node`, from a dry run on meta tensors of dynamo's shapes."""
+    from wancompile.halo import halo_conv
+
+    def meta(a):
+        v = a.meta.get("example_value", a.meta.get("val")) if isinstance(a, fx.Node) else a
+        return torch.empty(tuple(v.shape), dtype=v.dtype, device="meta") if isinstance(v, torch.Tensor) else v
+
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), meta)
+    kwargs = {k: v for k, v in kwargs.items() if k not in ("conv", "mesh_key", "spec")}
+    seen: set = set()
+    sizes = dict(zip(mesh.axis_names, (int(n) for n in mesh.mesh_shape)))
+    halo_conv(getattr(torch, conv), *args, **kwargs, spec=spec, sizes=sizes, mark=lambda t, sp: seen.add(tuple(sp)))
+    return seen
+
+
+# Convolutions a target without partitioner halos (`planner.targets.Target.spatial_halo`) gets with the
+# halo written out, when the plan splits their output spatially (`wancompile.halo`).
+_HALO_CONVS = {torch.conv2d: "conv2d", torch.conv3d: "conv3d", F.conv2d: "conv2d", F.conv3d: "conv3d"}
+
+
 def _pinned_decompositions() -> dict:
     """Ops whose torch_xla lowering is several HLO ops, written out with pinned intermediates when the
     plan is pinned (planner.pins): the first constraint on such an op is the layout it computes in."""
@@ -135,7 +181,9 @@ def _pinned_decompositions() -> dict:
 def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> fx.GraphModule:
     """Return a copy of `gm` with a sharding-constraint call after every constrained op (in plan
     order where one op has several) and, for constraints on an op's input, a constrained copy of
-    that input before its first reader (readers of one value with one spec share the copy)."""
+    that input before its first reader (readers of one value with one spec share the copy). The
+    layouts ops written out with pinned intermediates add (`_halo_conv`) are in its
+    ``meta["pinned_specs"]``."""
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())  # leave dynamo's graph untouched
     by_location = graph.by_location()
     fx_nodes = {n.name: n for n in gm.graph.nodes}
@@ -143,6 +191,8 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
     key = _mesh_key(mesh)
     last: dict[fx.Node, fx.Node] = {}  # op -> its last constraint call so far
     pinned = _pinned_decompositions()
+    halos = {} if get_target(plan.target).spatial_halo else _HALO_CONVS
+    specs: set = set()
     copies: dict[tuple[fx.Node, tuple], list[fx.Node]] = {}  # (value, spec) -> readers
     for c in plan.activations:
         node = by_location.get(c.location)
@@ -155,6 +205,11 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
         if target.op == "call_function" and target.target in pinned and target not in last and c.reason in PIN_REASONS:
             target.target = pinned[target.target]
             target.kwargs = {**target.kwargs, "mesh_key": key, "spec": tuple(c.spec)}
+        elif target.op == "call_function" and target.target in halos and target not in last and c.output == 0:
+            conv = halos[target.target]
+            specs |= _halo_specs(target, conv, tuple(c.spec), mesh)
+            target.target = _halo_conv
+            target.kwargs = {**target.kwargs, "conv": conv, "mesh_key": key, "spec": tuple(c.spec)}
         anchor = last.get(target, target)
         while anchor.next.op == "placeholder":  # keep placeholders first
             anchor = anchor.next
@@ -167,6 +222,7 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
             r.replace_input_with(value, copy)
     gm.graph.lint()
     gm.recompile()
+    gm.meta["pinned_specs"] = specs
     return gm
 
 
@@ -318,6 +374,12 @@ class ShardedProgram:
         self.hlo_path = self.fold_hlo_path = None
         self.device = torch_xla.device()
         self.lowered = insert_constraints(legalize(gm)[0] if legalize_ops else gm, graph, plan, mesh)
+        # every layout the program marks: the plan's, and those of ops written out with pinned intermediates
+        self.specs = frozenset(
+            {tuple(s) for s in plan.params.values()}
+            | {tuple(a.spec) for a in plan.activations}
+            | self.lowered.meta["pinned_specs"]
+        )
         placeholders = [n for n in graph if n.op == "placeholder"]
         self._params = [n.param for n in placeholders]
         self._input_specs = self._placeholder_specs(placeholders)

@@ -65,6 +65,9 @@ class OpView:
     mesh: MeshSpec
     guards: list[Guard] = field(default_factory=list)
     wanted: Optional[Layout] = None  # the layout the plan constrains the output to, if any
+    # the partitioner exchanges a spatially split conv's halo (GSPMD); False: the lowering writes it into
+    # the program (`wancompile.halo`, for tt-mlir: `planner.targets.Target.spatial_halo`)
+    halo: bool = True
 
     # --- arguments --------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from planner.placements import Layout
 from planner.plan import Plan
@@ -33,8 +33,11 @@ log = logging.getLogger("wancompile")
 
 
 class ShardyExport:
-    def __init__(self, directory: Path, name: str, plan: Plan, mesh: Any, convert: bool = True) -> None:
+    def __init__(
+        self, directory: Path, name: str, plan: Plan, mesh: Any, convert: bool = True, specs: Iterable[tuple] = ()
+    ) -> None:
         self.directory, self.name, self.plan, self.mesh, self.convert = Path(directory), name, plan, mesh, convert
+        self.specs = frozenset(specs)  # layouts the program marks beyond the plan's (`ShardedProgram.specs`)
         self.written: dict[str, Path] = {}  # program ("main", "fold") -> its .tt.mlir (or .mlirbc if not converted)
         self.names: dict[str, str] = {}  # program -> file stem
 
@@ -53,7 +56,7 @@ class ShardyExport:
             torch_xla._XLAC._get_stablehlo(outs, device, [device], False).decode()
         )
         shardings = self.directory / f"{stem}.shardings.json"
-        shardings.write_text(json.dumps(shardings_table(self.plan, self.mesh), indent=1))
+        shardings.write_text(json.dumps(shardings_table(self.plan, self.mesh, self.specs), indent=1))
         self.names[program] = stem
         self.written[program] = artifact
         if self.convert:
@@ -69,15 +72,15 @@ class ShardyExport:
         return stem
 
 
-def shardings_table(plan: Plan, mesh: Any) -> dict:
+def shardings_table(plan: Plan, mesh: Any, extra: Iterable[tuple] = ()) -> dict:
     """{"shape", "axis_names", "shardings": {GSPMD annotation text: per-dim mesh axes}} for every spec
-    of `plan` (parameters and activations), each annotation made by torch_xla from a tensor marked
-    with that spec on `mesh` (the program's torch_xla Mesh)."""
+    of `plan` (parameters and activations) and the `extra` ones the program marks, each annotation made
+    by torch_xla from a tensor marked with that spec on `mesh` (the program's torch_xla Mesh)."""
     import torch
     import torch_xla
     import torch_xla.distributed.spmd as xs
 
-    specs = {tuple(s) for s in plan.params.values()} | {tuple(a.spec) for a in plan.activations}
+    specs = {tuple(s) for s in plan.params.values()} | {tuple(a.spec) for a in plan.activations} | set(extra)
     table: dict[str, list[list[str]]] = {}
     for spec in sorted(specs, key=repr):
         probe = torch.zeros([plan.mesh.size] * len(spec), device=torch_xla.device())
