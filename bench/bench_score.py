@@ -151,7 +151,8 @@ class Plans:
     small_plan: dict[int, Path] = field(default_factory=dict)  # blocks -> plan.json of (a) for the ÷16 model
 
 
-def make_plans(out_dir: Path, block_counts: list[int]) -> Plans:
+def make_plans(out_dir: Path, block_counts: list[int], target: str = "gspmd") -> Plans:
+    """The full-size A14B auto plan (priced for `target`), its ÷16 re-plans per block count, the hand plan's bill."""
     from bench.bench_planner import capture, stream_layout
     from planner import plan_graph
     from planner.autoplan import price_plan
@@ -162,7 +163,7 @@ def make_plans(out_dir: Path, block_counts: list[int]) -> Plans:
 
     mesh = parse_mesh(MESH)
     full_graph = capture("720p")
-    full = plan_graph(full_graph, mesh, HARDWARE, num_blocks=FULL_BLOCKS, weight_copies=2)
+    full = plan_graph(full_graph, mesh, HARDWARE, num_blocks=FULL_BLOCKS, weight_copies=2, target=target)
     hand = price_plan(full_graph, tt_xla_plan(full_graph, mesh), HARDWARE, num_blocks=FULL_BLOCKS, weight_copies=2)
     save_plan(full, out_dir / "full-a14b-720p.plan.json")
     plans = Plans(
@@ -177,7 +178,7 @@ def make_plans(out_dir: Path, block_counts: list[int]) -> Plans:
         m = small_model(min(blocks, 2), device="meta")
         graph, _ = capture_module(m, **small_inputs("meta"), return_dict=False, model=f"{BASE_MODEL}/16")
         only = {k: "^" + re.escape(v) + "$" for k, v in plans.strategies.items()}
-        small = plan_graph(graph, mesh, HARDWARE, num_blocks=blocks, weight_copies=2, only=only)
+        small = plan_graph(graph, mesh, HARDWARE, num_blocks=blocks, weight_copies=2, only=only, target=target)
         got = (chosen_strategies(small), streams(small))
         if got != (plans.strategies, streams(full)):
             raise SystemExit(

@@ -118,7 +118,7 @@ def main() -> None:
     from wancompile.runtime import subprocess_env
     from wancompile.tt.check import check_programs
 
-    plans = make_plans(work, [args.blocks])
+    plans = make_plans(work, [args.blocks], target="tt-mlir")  # the auto plan as the planner makes it for Tenstorrent
     env = subprocess_env(DEVICES)
     env["PYTHONPATH"] = str(ROOT)
     cmd = [sys.executable, __file__, "--child", "--blocks", str(args.blocks), "--work", str(work)]

@@ -34,6 +34,7 @@ from planner.placements import Guard, Layout, as_number, numel, shard_count
 from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted, model_geometry
 from planner.propagate import Evaluation, evaluate, redistribute
 from planner.strategies import Macro, Strategy, find_structure, strategies
+from planner.targets import get_target
 
 
 def plan_graph(
@@ -52,6 +53,7 @@ def plan_graph(
     batch_axes: tuple[str, ...] = (),
     stream_layouts: bool = True,
     preset: str = "auto",
+    target: str = "gspmd",
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -80,13 +82,16 @@ def plan_graph(
             engine — every block macro head-TP / Megatron on the last mesh axis with SP on the others,
             the embedders Megatron on the last axis, STATE A, no FSDP — so its bill is the rules'
             (`PRESETS`); the other options are recorded as excluded by the preset.
+        target: the partitioner (`planner.targets`): options and stream edges are priced with the
+            reshards it compiles (tt-mlir: a split added to a split value is an all-to-all), while the
+            plan's ``collectives`` stay GSPMD's (its prediction for the target: `planner.pins`).
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
             minimise-memory solve), ``meshes`` the larger system meshes that would plan within it.
         SolverTimeout: the solver hit ``time_limit_s`` before finding any plan.
     """
-    hw = _profile(hardware, mesh)
+    hw = get_target(target).profile(_profile(hardware, mesh))  # what the target cannot lower, priced out
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
     family = DitFamily(
@@ -102,9 +107,10 @@ def plan_graph(
         stream_layouts=stream_layouts,
         preset=preset,
         model=model or graph.model,
+        target=target,
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
-    return engine.plan(family, budget, time_limit_s)
+    return engine.plan(family, budget, time_limit_s).with_(target=target)
 
 
 def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
@@ -150,6 +156,7 @@ class DitFamily:
         stream_layouts: bool = True,
         preset: str = "auto",
         model: str = "",
+        target: str = "gspmd",
     ):
         if preset not in PRESETS:
             raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
@@ -164,7 +171,10 @@ class DitFamily:
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
         self.hidden = graph[st.entry].out.shape[-1] if stream_layouts and preset == "auto" else None
-        self._ends: dict = {}  # stream key -> `ends(key)`, computed once
+        self._ends: dict = {}  # (stream key, priced) -> `ends(key)`, computed once
+        self.target_name = target
+        # None: GSPMD, whose reshards the rules' events are in; else the target the options are priced for
+        self.target = None if target == "gspmd" else get_target(target)
 
     def on(self, mesh: MeshSpec) -> "DitFamily":
         """The same model and options on another mesh (no batch axes)."""
@@ -180,6 +190,7 @@ class DitFamily:
             stream_layouts=self.stream_layouts,
             preset=self.preset,
             model=self.model,
+            target=self.target_name,
         )
 
     # --- pricing ------------------------------------------------------------------------------
@@ -258,7 +269,9 @@ class DitFamily:
                     out.append(i)
         return out
 
-    def eval_macro(self, m: Macro, s: Strategy) -> Evaluation:
+    def eval_macro(self, m: Macro, s: Strategy, priced: bool = False) -> Evaluation:
+        """The option's evaluation: in GSPMD's collectives (what the plan records), or with `priced` in
+        the target's (what the solver weighs)."""
         stream = {x: self.stream(s.stream) for x in self.crossing(m)} if m.in_block else {}
         return pricing.evaluate_option(
             self.g,
@@ -270,6 +283,7 @@ class DitFamily:
             forced=s.forced,
             values=self.vals,
             base=self.base,
+            target=self.target if priced else None,
         )
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
@@ -285,16 +299,19 @@ class DitFamily:
             total += as_number(node.out.nbytes, self.vals)
         return total * self.copies
 
-    def ends(self, key) -> Evaluation:
-        """Prologue + epilogue with the block stack entered and left in stream layout `key`."""
-        if key not in self._ends:
-            self._ends[key] = self._evaluate_ends(key)
-        return self._ends[key]
+    def ends(self, key, priced: bool = False) -> Evaluation:
+        """Prologue + epilogue with the block stack entered and left in stream layout `key` (`priced`:
+        as `eval_macro`)."""
+        if (key, priced) not in self._ends:
+            self._ends[key, priced] = self._evaluate_ends(key, self.target if priced else None)
+        return self._ends[key, priced]
 
-    def _evaluate_ends(self, key) -> Evaluation:
+    def _evaluate_ends(self, key, target) -> Evaluation:
         entry = {self.st.entry: self.stream(key)}
         rest = [self.g[x] for x in self.st.prologue if not any(x in r.nodes for r in self.st.root_macros)]
-        pro = evaluate(self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals)
+        pro = evaluate(
+            self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals, target=target
+        )
         boundary = dict(self.base)
         for x in self.st.epilogue:
             for i in self.g[x].inputs:
@@ -313,6 +330,7 @@ class DitFamily:
             boundary=boundary,
             forced={exit_.name: self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))},
             values=self.vals,
+            target=target,
         )
         pro.events.extend(epi.events)
         pro.compute_seconds += epi.compute_seconds
@@ -350,8 +368,9 @@ class DitFamily:
             options = []
             for s in opts:
                 ev = evals[m.name, s.name] = self.eval_macro(m, s)
-                once = to_ns(self.ends(s.stream).seconds) if m.name == first else 0
-                options.append(pricing.option(s.name, s.stream, ev, self.param_bytes(m, s), once))
+                cost = self.eval_macro(m, s, priced=True) if self.target is not None else ev
+                once = to_ns(self.ends(s.stream, self.target is not None).seconds) if m.name == first else 0
+                options.append(pricing.option(s.name, s.stream, cost, self.param_bytes(m, s), once))
             groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
             tables[m.name], excluded[m.name] = opts, why
         edges = self.edges(tables)
@@ -423,8 +442,9 @@ class DitFamily:
         return out
 
     def reshard_seconds(self, tensor: str, k, l) -> float:
+        """A stream edge's price, with the reshards the target compiles."""
         return pricing.reshard_seconds(
-            self.g[tensor].out, self.stream(k), self.stream(l), self.mesh, self.hw, self.vals
+            self.g[tensor].out, self.stream(k), self.stream(l), self.mesh, self.hw, self.vals, self.target
         )
 
     def edges(self, tables) -> list[Edge]:

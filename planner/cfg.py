@@ -157,7 +157,7 @@ def plan_dit(
                 f"cfg_parallel=on needs the CFG pair as one forward of even batch (cond and uncond concatenated); "
                 f"this graph's batch is {batch}. Call the transformer with batch 2, or use cfg_parallel=auto/off"
             )
-        return plan_graph(graph, mesh, hw, **kwargs)
+        return plan_graph(graph, mesh, hw, target=target, **kwargs)
     for a in cfg_axes or ():
         mesh.axis_index(a)
     if cfg_axes is None:
@@ -170,6 +170,7 @@ def plan_dit(
             "pass cfg_axes to try others); use another mesh, or cfg_parallel=auto/off"
         )
     plans: dict[str, Plan] = {}
+    kwargs["target"] = target
     options = [_option("off", mesh, None, lambda: plan_graph(graph, mesh, hw, **kwargs), plans)]
     from planner.targets import get_target
 

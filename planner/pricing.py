@@ -30,6 +30,7 @@ from planner.ilp import KIB, Option
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, local_shape, numel
 from planner.propagate import Evaluation, evaluate, redistribute
+from planner.targets import Target
 
 # Live at once around the largest op: its inputs and output (the live set), the residual stream they
 # came from, and one fused temporary. An estimate; tests/test_vae_budget.py checks it bounds the
@@ -49,17 +50,26 @@ def evaluate_option(
     values: Mapping[str, int],
     base: Optional[Mapping] = None,
     halo: bool = True,
+    target: Optional[Target] = None,
 ) -> Evaluation:
     """Run the rules over `nodes` with the option's parameter layouts, the stream values it reads in
     `stream`'s layouts, its constraints `forced`; any other outside value as in `base` (else whole);
-    `halo` as `planner.propagate.evaluate`'s."""
+    `halo` and `target` as `planner.propagate.evaluate`'s."""
     nodes = list(nodes)
     inside = set(nodes)
     boundary = {k: v for k, v in (base or {}).items() if k not in inside}
     boundary.update({p: (lay,) for p, lay in params.items()})
     boundary.update({x: (lay,) for x, lay in stream.items()})
     return evaluate(
-        graph, [graph[x] for x in nodes], mesh, hw, boundary=boundary, forced=forced, values=values, halo=halo
+        graph,
+        [graph[x] for x in nodes],
+        mesh,
+        hw,
+        boundary=boundary,
+        forced=forced,
+        values=values,
+        halo=halo,
+        target=target,
     )
 
 
@@ -86,13 +96,19 @@ def option(name: str, key: Hashable, ev: Evaluation, weights: float, once_ns: in
 
 
 def reshard_seconds(
-    meta: TensorMeta, actual: Layout, required: Layout, mesh: MeshSpec, hw: HardwareProfile, values: Mapping[str, int]
+    meta: TensorMeta,
+    actual: Layout,
+    required: Layout,
+    mesh: MeshSpec,
+    hw: HardwareProfile,
+    values: Mapping[str, int],
+    target: Optional[Target] = None,
 ) -> float:
     if actual == required:
         return 0.0
     return sum(
         collective_seconds(kind, as_number(numel(shape), dict(values)) * meta.itemsize, axes, mesh, hw)
-        for kind, axes, shape in redistribute(meta, actual, required, mesh)
+        for kind, axes, shape in redistribute(meta, actual, required, mesh, target)
     )
 
 

@@ -553,6 +553,7 @@ def plan_vae(
             (the message lists why the wanted ones were excluded, e.g. an uneven spatial split).
     """
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or default_hardware(mesh))
+    hw = get_target(target).profile(hw)  # what the target cannot lower, priced out
     family = VaeFamily(
         graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model, target=target
     )
