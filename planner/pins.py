@@ -40,7 +40,10 @@ from planner.targets import get_target
 
 PIN_REASON = "pinned: the layout the plan decides, so the partitioner has no choice (planner.pins)"
 OP_PIN_REASON = "pinned: the layout the op computes in, before the plan's constraint reshards it (planner.pins)"
-PIN_REASONS = (PIN_REASON, OP_PIN_REASON)
+READ_PIN_REASON = (
+    "pinned: the layout the op reads this weight in, so the partitioner reshards the weight as planned (planner.pins)"
+)
+PIN_REASONS = (PIN_REASON, OP_PIN_REASON, READ_PIN_REASON)
 
 # torch_xla refuses annotations whose tile assignment has more than 5 dims ("tile_assignment ranks > 5"):
 # a rank-6 value (the VAE's temporal-upsample reshape) keeps its layout from its pinned neighbours.
@@ -77,7 +80,17 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
         lays = ev.layouts.get(node.name)
         if lays and lays[0] is not None and not lays[0].partial:
             pins.append(_pin(graph, node, lays[0], PIN_REASON))
-    return plan.with_(activations=tuple(before) + plan.activations + tuple(pins))
+    # a weight read in another layout than it is stored in: read through a copy in that layout (Shardy
+    # would otherwise choose which operand of the op to reshard: measured, it gathered the tokens and
+    # moved the product's split with an all-to-all where the plan gathers the FSDP weight)
+    reads = [
+        ActivationConstraint(
+            graph[name].location, want.to_spec(), graph[graph[name].inputs[i]].out.shape, 0, READ_PIN_REASON, i
+        )
+        for (name, i), want in ev.required.items()
+        if graph[graph[name].inputs[i]].is_param and not want.partial and (name, i) not in copies
+    ]
+    return plan.with_(activations=tuple(before) + plan.activations + tuple(pins) + tuple(reads))
 
 
 def target_collectives(

@@ -56,6 +56,9 @@ class Evaluation:
     # the nodes from a reduction to the op that slices its result, where the pair is one reduce-scatter
     # (the reduced op, the pass-throughs, the slicing op): `planner.pins` leaves them open
     scattered: set[str] = field(default_factory=set)
+    # (node, input index) -> the layout the op's rule reads that input in, where it differs from the
+    # input's own (the reshard before the op): what `planner.pins` pins for parameters
+    required: dict[tuple[str, int], Layout] = field(default_factory=dict)
 
     @property
     def comm_seconds(self) -> float:
@@ -226,6 +229,7 @@ def evaluate(
         for i, (have, want) in enumerate(zip(ins, res.required)):
             if have is None or want is None or have == want:
                 continue
+            ev.required[node.name, i] = want
             for kind, axes, shape in redistribute(metas[i], have, want, mesh, target):
                 charge(kind, axes, shape, metas[i].itemsize, str(node.location), f"{node.inputs[i]} for {node.op}")
         for c in res.comm:

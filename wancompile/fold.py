@@ -109,9 +109,9 @@ def _moves_device(node: fx.Node) -> bool:
 
 
 def _pure(node: fx.Node) -> bool:
-    from wancompile.lowering import _constrain
+    from wancompile.lowering import _constrain, _weight_read
 
-    if node.op not in ("call_function", "call_method") or node.target is _constrain or _mutates(node):
+    if node.op not in ("call_function", "call_method") or node.target in (_constrain, _weight_read) or _mutates(node):
         return False
     if _name(node) in _BROADCASTS or _name(node) in _TRANSFERS or _moves_device(node):
         return False

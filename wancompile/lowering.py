@@ -40,7 +40,7 @@ import torch.nn.functional as F
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec, PartitionSpec
-from planner.pins import PIN_REASONS
+from planner.pins import PIN_REASONS, READ_PIN_REASON
 from planner.plan import Plan, PlanError, replicated_params
 from planner.targets import get_target
 from wancompile.legalize import layer_norm_decomposed, legalize
@@ -107,6 +107,18 @@ def _constrained_copy(value: torch.Tensor, mesh_key: str, spec: PartitionSpec) -
     import torch_xla.distributed.spmd as xs
 
     copy = value.clone()
+    xs.mark_sharding(copy, _MESHES[mesh_key], spec)
+    return copy
+
+
+def _weight_read(value: torch.Tensor, mesh_key: str, spec: PartitionSpec) -> torch.Tensor:
+    """`_constrained_copy` of a weight in the layout an op reads it in (`planner.pins` READ_PIN_REASON):
+    in the main program, never folded (`wancompile.fold`), or a gathered FSDP weight would be stored whole.
+    A view, not a clone: torch_xla's clone of a sharded parameter keeps its annotation ("Existing annotation
+    must be cleared first")."""
+    import torch_xla.distributed.spmd as xs
+
+    copy = value.view(value.shape)
     xs.mark_sharding(copy, _MESHES[mesh_key], spec)
     return copy
 
@@ -193,6 +205,7 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
     pinned = _pinned_decompositions()
     halos = {} if get_target(plan.target).spatial_halo else _HALO_CONVS
     specs: set = set()
+    weight_reads: set = set()
     copies: dict[tuple[fx.Node, tuple], list[fx.Node]] = {}  # (value, spec) -> readers
     for c in plan.activations:
         node = by_location.get(c.location)
@@ -200,7 +213,10 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
             raise PlanError(f"plan constrains {c.location}, which this graph does not have; re-plan for this model")
         target = fx_nodes[node.name]
         if c.input is not None:
-            copies.setdefault((fx_nodes[graph[node.inputs[c.input]].name], tuple(c.spec)), []).append(target)
+            value = fx_nodes[graph[node.inputs[c.input]].name]
+            copies.setdefault((value, tuple(c.spec)), []).append(target)
+            if c.reason == READ_PIN_REASON:
+                weight_reads.add((value, tuple(c.spec)))
             continue
         if target.op == "call_function" and target.target in pinned and target not in last and c.reason in PIN_REASONS:
             target.target = pinned[target.target]
@@ -217,7 +233,8 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
             last[target] = gm.graph.call_function(_constrain, (target, key, tuple(c.spec), c.output))
     for (value, spec), readers in copies.items():
         with gm.graph.inserting_before(min(readers, key=order.__getitem__)):
-            copy = gm.graph.call_function(_constrained_copy, (value, key, spec))
+            fn = _weight_read if (value, spec) in weight_reads else _constrained_copy
+            copy = gm.graph.call_function(fn, (value, key, spec))
         for r in readers:
             r.replace_input_with(value, copy)
     gm.graph.lint()
