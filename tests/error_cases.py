@@ -80,6 +80,7 @@ def raises(fn: Callable[[Path], object]) -> Callable[[Path], tuple[str, str]]:
             return type(inner).__name__, str(inner).replace(str(tmp), "TMP")
         raise NoError(f"{fn.__name__} raised nothing")
 
+    run.raw = fn  # the call itself, for the test that the error comes out unwrapped
     return run
 
 
@@ -693,9 +694,10 @@ error type and message are checked, and so is this page (it cannot drift). Regen
 
 The CLI prints one line on stderr (`wancompile VERB: ...`) and exits 2 for a bad value (argparse's
 convention) or 1 when the input was fine but a file could not be written / a plan was invalid; `-v`
-adds the traceback. Through `torch.compile`, dynamo wraps an error raised while compiling in
-`torch._dynamo.exc.BackendCompilerFailed`; the backend's own error is its `inner_exception`.
-Error types: `OptionsError` (wancompile.options), `PlanError` and its subclasses `MemoryBudgetError`
+adds the traceback. Through `torch.compile`, the backend's errors reach the caller as themselves
+(`except wancompile.PlanError:` around the compiled call catches them; `wancompile.catchable`), where
+dynamo would wrap them in `torch._dynamo.exc.BackendCompilerFailed`; any other error keeps that wrapper
+(its `inner_exception`). All the types below are importable from `wancompile`. Error types: `OptionsError` (wancompile.options), `PlanError` and its subclasses `MemoryBudgetError`
 (`need_gb`: a budget that plans; `meshes`: larger system meshes that plan within the budget) and
 `SolverTimeout` (`time_limit_s`) in planner.plan, `NonFiniteInputError` (a `VerificationError`,
 wancompile.verify). `TMP` stands for the test's temporary directory."""

@@ -23,6 +23,30 @@ def test_bad_input_ends_in_its_documented_error(case, tmp_path, request):
     _MESSAGES[case.id] = (error, message)
 
 
+@pytest.mark.parametrize(
+    "case", [c for c in CASES if c.where == "backend"], ids=[c.id for c in CASES if c.where == "backend"]
+)
+def test_a_backend_error_is_caught_by_its_own_type_around_the_compiled_call(case, tmp_path, request):
+    """``try: torch.compile(m, backend="wan_autoshard")(x) except wancompile.PlanError`` works: the
+    project's errors come out as themselves, not wrapped in dynamo's BackendCompilerFailed."""
+    import wancompile
+
+    if case.needs_devices:
+        request.getfixturevalue("spmd")
+    with pytest.raises(Exception) as info:
+        case.run.raw(tmp_path)
+    err = info.value
+    assert type(err).__name__ == case.error and not hasattr(err, "inner_exception"), (case.id, type(err).__mro__)
+    documented_type = getattr(wancompile, case.error, None)
+    if documented_type is not None:
+        assert isinstance(err, documented_type)
+    if case.error in ("PlanError", "MemoryBudgetError", "SolverTimeout"):
+        try:
+            case.run.raw(tmp_path)
+        except wancompile.PlanError:
+            pass
+
+
 def test_documented_matches_by_type_and_pattern():
     from planner.plan import SolverTimeout
 

@@ -20,7 +20,11 @@ if not _runtime.enable_spmd_early():
         stacklevel=2,
     )
 
+from planner.mesh import MeshError
+from planner.plan import MemoryBudgetError, PlanError, SolverTimeout
+from wancompile.options import OptionsError
 from wancompile.vae import disable_full_t, enable_full_t
+from wancompile.verify import NonFiniteInputError, VerificationError
 
 
 def compile_pipeline(pipe, *args, **kwargs):
@@ -37,4 +41,18 @@ def restore_pipeline(pipe):
     return _restore_pipeline(pipe)
 
 
-__all__ = ["compile_pipeline", "restore_pipeline", "enable_full_t", "disable_full_t", "__version__"]
+__all__ = [
+    "compile_pipeline",
+    "restore_pipeline",
+    "enable_full_t",
+    "disable_full_t",
+    "__version__",
+    # the errors of docs/errors.md; the backend raises them as themselves (wancompile.catchable)
+    "PlanError",
+    "MemoryBudgetError",
+    "SolverTimeout",
+    "MeshError",
+    "OptionsError",
+    "VerificationError",
+    "NonFiniteInputError",
+]

@@ -51,6 +51,17 @@ def recent_programs() -> list:
 def wan_autoshard(
     gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any
 ) -> Callable:
+    """The backend. The project's errors (docs/errors.md) reach the caller as themselves, past dynamo's
+    ``BackendCompilerFailed`` (`wancompile.catchable`): ``except wancompile.PlanError`` works."""
+    from wancompile.catchable import catchable
+
+    try:
+        return _compile(gm, options)
+    except Exception as e:
+        raise catchable(e) from e.__cause__
+
+
+def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callable:
     opts = Options.from_user(options)
     _start_runtime(opts)
     from wancompile.lowering import ShardedProgram, mesh_for_plan, mesh_spec_of, xla_mesh
