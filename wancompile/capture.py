@@ -41,8 +41,10 @@ class CaptureError(RuntimeError):
 
 def param_fqn(placeholder_target: str) -> Optional[str]:
     """``L_self_modules_blocks_modules_0_modules_attn1_modules_to_q_parameters_weight_`` ->
-    ``blocks.0.attn1.to_q.weight``; None for placeholders that are not parameters or buffers."""
-    m = re.match(r"^L_self_(.*)_$", placeholder_target)
+    ``blocks.0.attn1.to_q.weight``; None for placeholders that are not parameters or buffers. Dynamo
+    names the compiled module ``self``, or ``fn`` when it traces the module's call itself (an
+    ``nn.Sequential``: ``L_fn_modules_0_parameters_weight_`` -> ``0.weight``)."""
+    m = re.match(r"^L_(?:self|fn)_(.*)_$", placeholder_target)
     if not m:
         return None
     body = "_" + m.group(1)
@@ -62,8 +64,8 @@ def input_name(placeholder_target: str) -> str:
 
 def module_path(stack_entry: str) -> str:
     """``L['self']._modules['blocks']._modules['1'].attn2.to_k`` -> ``blocks.1.attn2.to_k``."""
-    s = re.sub(r"^L\['self'\]", "", stack_entry)
-    s = re.sub(r"^L__self__", "", s)
+    s = re.sub(r"^L\['(?:self|fn)'\]", "", stack_entry)
+    s = re.sub(r"^L__(?:self|fn)__", "", s)
     s = re.sub(r"\._modules\['([^']*)'\]", r".\1", s)
     s = re.sub(r"\['([^']*)'\]", r".\1", s)
     s = re.sub(r"getattr\(([^,]*), '([^']*)'\)", r"\1.\2", s)
