@@ -576,7 +576,7 @@ CASES: tuple[Case, ...] = (
         "backend",
         "a model with no repeated attention blocks (an MLP) compiled with a `memory_gb` its weights exceed",
         "MemoryBudgetError",
-        r"graph \S+ has no repeated attention blocks and is not a Wan VAE decode, so it runs replicated, and its "
+        r"the graph has no repeated attention blocks and is not a Wan VAE decode, so it runs replicated, and its "
         r"parameters \(1 weight set\(s\)\) need [\d.e-]+ GB per device, over memory_gb=[\d.e-]+\. Raise memory_gb",
         "memory_gb >= need_gb, or compile the transformer or the VAE decode by itself",
         raises(_replicated_budget),

@@ -276,7 +276,7 @@ def replicated_plan(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
     need_gb = sum(int(p.out.nbytes) for p in graph.params()) * opts.weight_sets / 1e9
     if opts.memory_gb is not None and need_gb > opts.memory_gb:
         raise MemoryBudgetError(
-            f"graph {graph.model or 'graph'} has no repeated attention blocks and is not a Wan VAE decode, so it runs "
+            f"{_graph_name(graph)} has no repeated attention blocks and is not a Wan VAE decode, so it runs "
             f"replicated, and its parameters ({opts.weight_sets} weight set(s)) need {need_gb:.6g} GB per device, "
             f"over memory_gb={opts.memory_gb:.6g}. Raise memory_gb to at least {need_gb:.6g}, or compile the "
             "part of the model that holds the weights (the transformer, the VAE decode) by itself",
@@ -284,13 +284,17 @@ def replicated_plan(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
             need_gb=need_gb,
         )
     log.warning(
-        "wan_autoshard: graph %s has no repeated attention blocks and is not a Wan VAE decode: running it "
+        "wan_autoshard: %s has no repeated attention blocks and is not a Wan VAE decode: running it "
         "replicated on mesh %s (%.6g GB of parameters per device)",
-        graph.model,
+        _graph_name(graph),
         mesh,
         need_gb,
     )
     return Plan(graph.model, mesh, replicated_params(graph), notes=("no repeated attention blocks: replicated",))
+
+
+def _graph_name(graph: Graph) -> str:
+    return f"graph {graph.model}" if graph.model not in ("", "graph") else "the graph"
 
 
 def _check_retarget(graph: Graph, plan: Plan, saved: str, path: Path) -> None:
