@@ -2,8 +2,8 @@
 
 Capture (``wancompile.capture``) turns a dynamo FX graph into a `Graph`; the planner reads nothing
 else. Every node carries its op kind, output shapes and dtypes, module path, the fully qualified name
-of the parameter or buffer it holds (placeholders only), the index of the repeated block it belongs
-to, and a `Location` — module path + op + occurrence — that names it stably across recompiles
+of the parameter or buffer it holds (placeholders only), the repeated block it belongs to (its family
+— the stack prefix, ``blocks`` or ``vace_blocks`` — and its index in that stack), and a `Location` — module path + op + occurrence — that names it stably across recompiles
 (dynamo's node names change when the graph does; module paths do not).
 
 Shapes hold ints, or sympy expressions when a dim is symbolic (``dynamic=True``).
@@ -17,6 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Optional, Union
 
 import sympy
+
+# graph.json: 2 added "version", "families" and each node's "family"; "block" is the index within
+# that family (version 1 counted blocks across all stacks in graph order).
+GRAPH_JSON_VERSION = 2
 
 TUPLE_OPS = ("chunk", "split", "unbind", "tensor_split")  # ops whose value is a tuple of tensors
 
@@ -94,6 +98,23 @@ DTYPE_BYTES = {
 
 
 @dataclass(frozen=True)
+class BlockFamily:
+    """One stack of repeated blocks: the children ``prefix.<int>`` of a module list found in the graph.
+
+    Attributes:
+        prefix: the stack's module path (``blocks``, ``vace_blocks``, ``decoder.up_blocks.0.resnets``).
+        indices: the block indices captured in this graph (a planner captures 1-2 blocks of a
+            full-size model: ``(0, 1)`` of 40), ascending.
+        odd: the members whose parameters differ from the family's most common set (VACE's
+            ``vace_blocks.0`` has an input projection the others lack); empty when all match.
+    """
+
+    prefix: str
+    indices: tuple[int, ...]
+    odd: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class Node:
     """One op of the captured program.
 
@@ -106,9 +127,11 @@ class Node:
         module: dotted module path of the innermost module that ran the op ("" for the root).
         location: stable name of this op (see `Location`).
         param: fully qualified parameter/buffer name for weight placeholders, else None.
-        block: index of the repeated block (``blocks.N``, VAE resblock) the op belongs to, else None.
+        block: index of the repeated block the op belongs to within its family (``blocks.3`` -> 3,
+            ``vace_blocks.1`` -> 1), else None.
         attrs: the op's non-tensor arguments in JSON-friendly form (dims, sizes, flags); tensor
             arguments appear as ``{"node": name}``.
+        family: the stack prefix of that block (``blocks``, ``vace_blocks``), else None.
     """
 
     name: str
@@ -120,6 +143,7 @@ class Node:
     param: Optional[str] = None
     block: Optional[int] = None
     attrs: dict[str, Any] = field(default_factory=dict, hash=False, compare=False)
+    family: Optional[str] = None
 
     @property
     def out(self) -> TensorMeta:
@@ -133,11 +157,15 @@ class Node:
 
 @dataclass
 class Graph:
-    """Nodes in topological order, plus lookups."""
+    """Nodes in topological order, plus lookups.
+
+    ``families`` are the stacks of repeated blocks (`BlockFamily`); ``block_prefixes`` their prefixes.
+    """
 
     nodes: list[Node]
     model: str = ""
     block_prefixes: tuple[str, ...] = ()
+    families: tuple[BlockFamily, ...] = ()
 
     def __post_init__(self) -> None:
         self._by_name = {n.name: n for n in self.nodes}
@@ -166,6 +194,8 @@ class Graph:
         """The module path of `node`'s block (``blocks.3``), None outside the block stack."""
         if node.block is None:
             return None
+        if node.family is not None:
+            return f"{node.family}.{node.block}"
         for prefix in self.block_prefixes:
             root = f"{prefix}.{node.block}"
             if node.module == root or node.module.startswith(root + "."):
@@ -209,8 +239,16 @@ class Graph:
     def by_location(self) -> dict[Location, Node]:
         return {n.location: n for n in self.nodes}
 
-    def blocks(self) -> list[int]:
-        return sorted({n.block for n in self.nodes if n.block is not None})
+    def blocks(self, family: Optional[str] = None) -> list[int]:
+        """The captured block indices, of one family (stack prefix) or of all."""
+        return sorted({n.block for n in self.nodes if n.block is not None and family in (None, n.family)})
+
+    def family(self, prefix: str) -> BlockFamily:
+        """The family of blocks under `prefix` (``blocks``, ``vace_blocks``)."""
+        found = next((f for f in self.families if f.prefix == prefix), None)
+        if found is None:
+            raise KeyError(f"no block family {prefix!r} in graph {self.model!r}; it has {list(self.block_prefixes)}")
+        return found
 
     def op_counts(self) -> Counter:
         return Counter(n.op for n in self.nodes)
@@ -234,7 +272,11 @@ class Graph:
 
         return json.dumps(
             {
+                "version": GRAPH_JSON_VERSION,
                 "model": self.model,
+                "families": [
+                    {"prefix": f.prefix, "indices": list(f.indices), "odd": list(f.odd)} for f in self.families
+                ],
                 "nodes": [
                     {
                         "name": n.name,
@@ -245,6 +287,7 @@ class Graph:
                         "location": str(n.location),
                         "param": n.param,
                         "block": n.block,
+                        "family": n.family,
                     }
                     for n in self.nodes
                 ],

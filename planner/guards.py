@@ -25,7 +25,7 @@ def symbolize_tokens(graph: Graph, tokens: int, name: str = "L") -> Graph:
     for n in graph:
         outs = tuple(TensorMeta(tuple(sym if d == tokens else d for d in m.shape), m.dtype) for m in n.outputs)
         nodes.append(replace(n, outputs=outs))
-    return Graph(nodes, model=graph.model, block_prefixes=graph.block_prefixes)
+    return Graph(nodes, model=graph.model, block_prefixes=graph.block_prefixes, families=graph.families)
 
 
 @dataclass(frozen=True)

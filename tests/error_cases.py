@@ -217,6 +217,18 @@ def _compile(options: dict, *, nan: bool = False):
     return fn
 
 
+def _replicated_budget(tmp):
+    import torch
+
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.GELU(), torch.nn.Linear(256, 64)).eval()
+    torch._dynamo.reset()
+    with torch.no_grad():
+        torch.compile(mlp, backend="wan_autoshard", options={"mesh": "2x4", "memory_gb": 1e-9}, fullgraph=True)(
+            torch.randn(2, 64)
+        )
+
+
 def _vae_retarget(tmp):
     import torch
 
@@ -557,6 +569,17 @@ CASES: tuple[Case, ...] = (
         r"their halos another way",
         "re-plan for the target (`wancompile plan --target tt-mlir`), or compile for the plan's own target",
         raises(_vae_retarget),
+        needs_devices=True,
+    ),
+    Case(
+        "replicated-budget",
+        "backend",
+        "a model with no repeated attention blocks (an MLP) compiled with a `memory_gb` its weights exceed",
+        "MemoryBudgetError",
+        r"the graph has no repeated attention blocks and is not a Wan VAE decode, so it runs replicated, and its "
+        r"parameters \(1 weight set\(s\)\) need [\d.e-]+ GB per device, over memory_gb=[\d.e-]+\. Raise memory_gb",
+        "memory_gb >= need_gb, or compile the transformer or the VAE decode by itself",
+        raises(_replicated_budget),
         needs_devices=True,
     ),
     Case(

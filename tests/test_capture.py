@@ -1,5 +1,6 @@
 """Capture: every node of the dynamo graph annotated for the planner, on tiny and full-size models."""
 
+import json
 import re
 import time
 
@@ -125,3 +126,80 @@ def test_every_graph_of_the_streaming_vae_decode_is_annotated():
     decoder = max(annotated, key=len)
     assert "up_blocks.0.resnets" in decoder.block_prefixes and len(decoder.blocks()) >= 8
     assert any(n.param == "conv_in.weight" for n in decoder.params())
+
+
+def test_blocks_are_found_by_structure_not_class_name():
+    """Two stacks of attention blocks with an unknown class name: each is a family with its own
+    indices (``extra.1`` is block 1 of ``extra``), and parameter-less glue stays outside."""
+    from wancompile.capture import capture_module
+
+    class Layer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(16, 48)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).unflatten(-1, (3, 2, 8)).transpose(1, 3).unbind(2)
+            return x + torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([Layer() for _ in range(3)])
+            self.extra = torch.nn.ModuleList([Layer() for _ in range(2)])
+            self.heads = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(2)])  # no attention
+
+        def forward(self, x):
+            for layer in self.extra:
+                x = layer(x)
+            for layer in self.layers:
+                x = layer(x)
+            return self.heads[0](x) + self.heads[1](x)
+
+    graph, _ = capture_module(Model(), torch.randn(1, 5, 16))
+    assert [(f.prefix, f.indices, f.odd) for f in graph.families] == [("extra", (0, 1), ()), ("layers", (0, 1, 2), ())]
+    assert graph.block_prefixes == ("extra", "layers") and unannotated(graph) == []
+    w = next(n for n in graph if n.param == "extra.1.qkv.weight")
+    assert (w.family, w.block) == ("extra", 1) and graph.block_root(w) == "extra.1"
+    assert graph.blocks("layers") == [0, 1, 2] and graph.blocks("extra") == [0, 1]
+    assert graph.in_block(w, "extra.1.qkv.weight", "*") == "extra.*.qkv.weight"
+    assert all(n.block is None for n in graph if n.module.startswith("heads"))
+    assert json.loads(graph.to_json())["families"][1] == {"prefix": "layers", "indices": [0, 1, 2], "odd": []}
+
+
+def test_one_captured_block_is_still_a_block(tiny_model, tiny_inputs):
+    from wancompile.capture import capture_module
+    from wancompile.models import build_transformer
+
+    one = build_transformer("tiny", num_layers=1)
+    graph, _ = capture_module(one, **tiny_inputs, return_dict=False)
+    assert [(f.prefix, f.indices) for f in graph.families] == [("blocks", (0,))] and unannotated(graph) == []
+
+
+def test_a_block_whose_parameters_differ_is_listed_as_odd():
+    """VACE's first ``vace_blocks`` entry has an input projection the others lack."""
+    from wancompile.capture import capture_module
+
+    class Layer(torch.nn.Module):
+        def __init__(self, proj_in: bool):
+            super().__init__()
+            self.proj_in = torch.nn.Linear(16, 16) if proj_in else None
+            self.q = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            x = self.proj_in(x) if self.proj_in is not None else x
+            q = self.q(x).unflatten(-1, (2, 8)).transpose(1, 2)
+            return x + torch.nn.functional.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2)
+
+    class Model(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.vace_blocks = torch.nn.ModuleList([Layer(i == 0) for i in range(3)])
+
+        def forward(self, x):
+            for layer in self.vace_blocks:
+                x = layer(x)
+            return x
+
+    graph, _ = capture_module(Model(), torch.randn(1, 5, 16))
+    assert [(f.prefix, f.indices, f.odd) for f in graph.families] == [("vace_blocks", (0, 1, 2), (0,))]

@@ -232,7 +232,7 @@ def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
 
 def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
     """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
-    graph, the DiT planner's for a Wan DiT graph, else replicated (logged)."""
+    graph, the DiT planner's for a Wan DiT graph, else replicated (`replicated_plan`)."""
     from planner.cfg import plan_dit
     from planner.hardware import get_profile
     from planner.targets import get_target
@@ -264,8 +264,37 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
             weight_copies=opts.weight_sets,
             target=opts.resolved_target,
         )
-    log.warning("wan_autoshard: graph %s is not a Wan DiT (no attention blocks); running it replicated", graph.model)
-    return Plan(graph.model, mesh, replicated_params(graph), notes=("not a Wan DiT graph: replicated",))
+    return replicated_plan(graph, mesh, opts)
+
+
+def replicated_plan(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
+    """The plan for a graph neither planner plans (no repeated attention blocks, not a Wan VAE decode):
+    every parameter replicated, within ``memory_gb`` (its parameters, times ``weight_sets``, on each
+    device) or a `MemoryBudgetError` naming the budget that holds them."""
+    from planner.plan import MemoryBudgetError
+
+    need_gb = sum(int(p.out.nbytes) for p in graph.params()) * opts.weight_sets / 1e9
+    if opts.memory_gb is not None and need_gb > opts.memory_gb:
+        raise MemoryBudgetError(
+            f"{_graph_name(graph)} has no repeated attention blocks and is not a Wan VAE decode, so it runs "
+            f"replicated, and its parameters ({opts.weight_sets} weight set(s)) need {need_gb:.6g} GB per device, "
+            f"over memory_gb={opts.memory_gb:.6g}. Raise memory_gb to at least {need_gb:.6g}, or compile the "
+            "part of the model that holds the weights (the transformer, the VAE decode) by itself",
+            budget_gb=opts.memory_gb,
+            need_gb=need_gb,
+        )
+    log.warning(
+        "wan_autoshard: %s has no repeated attention blocks and is not a Wan VAE decode: running it "
+        "replicated on mesh %s (%.6g GB of parameters per device)",
+        _graph_name(graph),
+        mesh,
+        need_gb,
+    )
+    return Plan(graph.model, mesh, replicated_params(graph), notes=("no repeated attention blocks: replicated",))
+
+
+def _graph_name(graph: Graph) -> str:
+    return f"graph {graph.model}" if graph.model not in ("", "graph") else "the graph"
 
 
 def _check_retarget(graph: Graph, plan: Plan, saved: str, path: Path) -> None:

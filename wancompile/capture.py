@@ -4,8 +4,14 @@ Dynamo hands a backend a flat FX graph whose parameters are placeholders with ma
 (``L_self_modules_blocks_modules_0_modules_attn1_modules_to_q_parameters_weight_``) and whose nodes
 carry ``meta["example_value"]`` (a FakeTensor, or a tuple of them) and ``meta["nn_module_stack"]``.
 This module turns that into plain data: op kind, output shapes/dtypes (sympy for symbolic dims),
-module path, fully qualified parameter names, the repeated block each op belongs to, and a stable
-`Location` per node.
+module path, fully qualified parameter names, the repeated block each op belongs to (its family, the
+stack prefix, and its index there), and a stable `Location` per node.
+
+Repeated blocks are found by structure, not by class name (`find_blocks`): a child ``prefix.<int>`` of
+a module list is a block when attention runs inside it (``scaled_dot_product_attention``), or when it
+is a residual block (an ``add`` in the child itself reading a convolution inside it: the Wan VAE's
+``WanResidualBlock``, which the VAE planner finds by path). Its siblings in the graph are blocks of
+the same family when their parameters match it up to the block index.
 
 `capture_module` runs dynamo itself (``fullgraph=True``) and is how the CLI plans full-size models
 on the meta device; the backend calls `annotate` on the graph it is given.
@@ -15,17 +21,13 @@ from __future__ import annotations
 
 import operator
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from typing import Any, Callable, Optional
 
 import torch
 import torch.fx as fx
 
-from planner.graph import Graph, Location, Node, TensorMeta
-
-# Modules whose instances repeat with identical structure; each instance is one "block" and the
-# planner may share ILP variables across blocks of equal shape.
-REPEATED_BLOCK_CLASSES = frozenset({"WanTransformerBlock", "WanResidualBlock", "WanAttentionBlock"})
+from planner.graph import BlockFamily, Graph, Location, Node, TensorMeta
 
 _PLACEHOLDER_KINDS = ("modules", "parameters", "buffers")
 
@@ -39,8 +41,10 @@ class CaptureError(RuntimeError):
 
 def param_fqn(placeholder_target: str) -> Optional[str]:
     """``L_self_modules_blocks_modules_0_modules_attn1_modules_to_q_parameters_weight_`` ->
-    ``blocks.0.attn1.to_q.weight``; None for placeholders that are not parameters or buffers."""
-    m = re.match(r"^L_self_(.*)_$", placeholder_target)
+    ``blocks.0.attn1.to_q.weight``; None for placeholders that are not parameters or buffers. Dynamo
+    names the compiled module ``self``, or ``fn`` when it traces the module's call itself (an
+    ``nn.Sequential``: ``L_fn_modules_0_parameters_weight_`` -> ``0.weight``)."""
+    m = re.match(r"^L_(?:self|fn)_(.*)_$", placeholder_target)
     if not m:
         return None
     body = "_" + m.group(1)
@@ -60,8 +64,8 @@ def input_name(placeholder_target: str) -> str:
 
 def module_path(stack_entry: str) -> str:
     """``L['self']._modules['blocks']._modules['1'].attn2.to_k`` -> ``blocks.1.attn2.to_k``."""
-    s = re.sub(r"^L\['self'\]", "", stack_entry)
-    s = re.sub(r"^L__self__", "", s)
+    s = re.sub(r"^L\['(?:self|fn)'\]", "", stack_entry)
+    s = re.sub(r"^L__(?:self|fn)__", "", s)
     s = re.sub(r"\._modules\['([^']*)'\]", r".\1", s)
     s = re.sub(r"\['([^']*)'\]", r".\1", s)
     s = re.sub(r"getattr\(([^,]*), '([^']*)'\)", r"\1.\2", s)
@@ -150,22 +154,19 @@ def op_kind(node: fx.Node) -> str:
 def annotate(gm: fx.GraphModule, model: str = "") -> Graph:
     """Build the planner's graph from a dynamo GraphModule (no execution, no weights needed)."""
     nodes = list(gm.graph.nodes)
-
-    # Module path and repeated-block root for each op, from dynamo's nn_module_stack.
     paths: dict[str, str] = {}
-    block_root: dict[str, str] = {}
     for n in nodes:
         stack = list((n.meta.get("nn_module_stack") or {}).values())
         paths[n.name] = module_path(stack[-1][0]) if stack else ""
-        for entry, cls in stack:
-            if getattr(cls, "__name__", str(cls)) in REPEATED_BLOCK_CLASSES:
-                block_root[n.name] = module_path(entry)
-                break
-    block_index: dict[str, int] = {}
-    for n in nodes:
-        root = block_root.get(n.name)
-        if root is not None and root not in block_index and n.op != "placeholder":
-            block_index[root] = len(block_index)
+    params = {
+        fqn: tensor_metas(n.meta.get("example_value", n.meta.get("val")))
+        for n in nodes
+        if n.op == "placeholder" and (fqn := param_fqn(str(n.target)))
+    }
+    families = find_blocks(
+        [(n.name, op_kind(n), paths.get(n.name, ""), [a.name for a in n.all_input_nodes]) for n in nodes], params
+    )
+    roots = {f"{f.prefix}.{i}": (f.prefix, i) for f in families for i in f.indices}
 
     occurrences: dict[tuple[str, str], int] = defaultdict(int)
     out: list[Node] = []
@@ -174,13 +175,11 @@ def annotate(gm: fx.GraphModule, model: str = "") -> Graph:
         param = param_fqn(str(n.target)) if n.op == "placeholder" else None
         if n.op == "placeholder":
             module = param.rsplit(".", 1)[0] if param and "." in param else ""
-            block = _block_of(module, block_index)
             attrs = {"input": input_name(str(n.target))} if param is None else {}
         else:
             module = paths[n.name]
-            root = block_root.get(n.name)
-            block = block_index.get(root) if root is not None else None
             attrs = {"args": _jsonable(n.args), "kwargs": _jsonable(dict(n.kwargs))} if n.op != "output" else {}
+        family, block = _member_of(module, roots) if n.op != "output" else (None, None)
         loc_key = (module, kind)
         location = Location(module, kind, occurrences[loc_key])
         occurrences[loc_key] += 1
@@ -189,21 +188,81 @@ def annotate(gm: fx.GraphModule, model: str = "") -> Graph:
         value = n.meta.get("example_value", n.meta.get("val"))
         if n.op == "output":
             value = [a.meta.get("example_value") for a in n.all_input_nodes]
-        out.append(Node(n.name, kind, tuple(inputs), tensor_metas(value), module, location, param, block, attrs))
-
-    prefixes = tuple(sorted({_block_prefix(p) for p in block_index}))
-    return Graph(out, model=model, block_prefixes=prefixes)
-
-
-def _block_of(module: str, block_index: dict[str, int]) -> Optional[int]:
-    for root, i in block_index.items():
-        if module == root or module.startswith(root + "."):
-            return i
-    return None
+        out.append(
+            Node(n.name, kind, tuple(inputs), tensor_metas(value), module, location, param, block, attrs, family)
+        )
+    return Graph(out, model=model, block_prefixes=tuple(f.prefix for f in families), families=families)
 
 
-def _block_prefix(root: str) -> str:
-    return re.sub(r"\.\d+$", "", root)
+# --- repeated blocks, by structure --------------------------------------------------------------------
+
+_ATTENTION_OPS = frozenset({"scaled_dot_product_attention"})
+_CONV_OPS = frozenset({"conv3d", "conv2d", "conv1d"})
+
+
+def _roots(module: str) -> list[str]:
+    """Every ``prefix.<int>`` the module path sits under, outermost first:
+    ``decoder.up_blocks.0.resnets.1.conv2`` -> ``[decoder.up_blocks.0, decoder.up_blocks.0.resnets.1]``."""
+    parts = module.split(".") if module else []
+    return [".".join(parts[: i + 1]) for i in range(1, len(parts)) if parts[i].isdigit()]
+
+
+def _under(module: str, root: str) -> bool:
+    return module == root or module.startswith(root + ".")
+
+
+def find_blocks(
+    ops: list[tuple[str, str, str, list[str]]], params: dict[str, tuple[TensorMeta, ...]]
+) -> tuple[BlockFamily, ...]:
+    """The repeated-block families of a graph, from its ops ``(name, op kind, module path, input
+    names)`` and its parameters (fully qualified name -> metadata).
+
+    A child ``prefix.<int>`` is a block when attention runs inside it (the innermost such child), or
+    when an ``add`` in the child itself reads a convolution inside it (a residual block). Its siblings
+    whose parameters match it up to the block index (same relative names, shapes and dtypes) are
+    blocks of the same family too (a block captured only in part, e.g. across a graph break).
+    Members whose parameters differ from the family's most common set are listed in `BlockFamily.odd`
+    (VACE's first ``vace_blocks`` entry has an input projection the others lack)."""
+    module_of = {name: module for name, _, module, _ in ops}
+    kind_of = {name: kind for name, kind, _, _ in ops}
+    evidence: dict[str, str] = {}  # root -> "attention" | "residual"
+    for _, kind, module, inputs in ops:
+        roots = _roots(module)
+        if kind in _ATTENTION_OPS and roots:
+            evidence.setdefault(roots[-1], "attention")
+        elif kind == "add" and roots and roots[-1] == module:
+            if any(kind_of.get(i) in _CONV_OPS and _under(module_of[i], module) for i in inputs):
+                evidence.setdefault(module, "residual")
+
+    signatures: dict[str, set] = defaultdict(set)  # candidate root -> {(relative name, metadata)}
+    for fqn, metas in params.items():
+        for root in _roots(fqn.rsplit(".", 1)[0]):
+            signatures[root].add((fqn[len(root) :], metas))
+    candidates: dict[str, set[int]] = defaultdict(set)  # stack prefix -> indices seen in the graph
+    for module in [*module_of.values(), *(f.rsplit(".", 1)[0] for f in params)]:
+        for root in _roots(module):
+            prefix, index = root.rsplit(".", 1)
+            candidates[prefix].add(int(index))
+
+    families: list[BlockFamily] = []
+    for prefix in sorted({r.rsplit(".", 1)[0] for r in evidence}):
+        sig = {i: frozenset(signatures.get(f"{prefix}.{i}", ())) for i in candidates[prefix]}
+        shown = {i for i in candidates[prefix] if f"{prefix}.{i}" in evidence}
+        alike = {sig[i] for i in shown if sig[i]}
+        members = sorted(shown | {i for i in candidates[prefix] if sig[i] and sig[i] in alike})
+        counts = Counter(sig[i] for i in members if sig[i])
+        common = max(counts, key=lambda s: (counts[s], -min(i for i in members if sig[i] == s)), default=None)
+        odd = tuple(i for i in members if sig[i] and sig[i] != common)
+        families.append(BlockFamily(prefix, tuple(members), odd))
+    return tuple(families)
+
+
+def _member_of(module: str, roots: dict[str, tuple[str, int]]) -> tuple[Optional[str], Optional[int]]:
+    """(family prefix, block index) of the innermost block `module` sits in, else (None, None)."""
+    for root in reversed(_roots(module)):
+        if root in roots:
+            return roots[root]
+    return None, None
 
 
 # --- running dynamo ----------------------------------------------------------------------------------

@@ -13,6 +13,11 @@ a pair of reductions over D that GSPMD keeps token-local; the gathers disappear
 diffusers' ``shift.to(hidden_states.device)``; lowered, that copies to the host mid-trace and comes
 back as a constant, which a replayed program would keep from its first call.
 
+Tensor factories (``torch.tensor``, ``torch.arange``, ...) called with a device literal: retargeted to
+the program's device (`place_factories`): dynamo bakes the traced-on host into e.g. SkyReels-V2's
+``torch.tensor(fps, device=hidden_states.device)``, and a host tensor then meets XLA weights
+(``embedding``: "Expected XLA tensor").
+
 Both the sharded program and its one-device reference run the legalized graph, so verification
 compares like with like; against the original op the decomposition differs by fp32 rounding only
 (max-abs ~1e-7 on unit-scale activations, asserted in tests).
@@ -95,5 +100,37 @@ def drop_device_moves(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
         gm.graph.erase_node(node)
         count += 1
     gm.graph.lint()
+    gm.recompile()
+    return gm, count
+
+
+_FACTORIES = frozenset(
+    {
+        torch.tensor,
+        torch.as_tensor,
+        torch.arange,
+        torch.zeros,
+        torch.ones,
+        torch.full,
+        torch.empty,
+        torch.linspace,
+        torch.eye,
+        torch.randn,
+        torch.rand,
+    }
+)
+
+
+def place_factories(gm: fx.GraphModule, device: torch.device) -> tuple[fx.GraphModule, int]:
+    """A copy of `gm` whose tensor factories that name a device literal (the host dynamo traced on)
+    create on `device` instead; returns it and how many were retargeted."""
+    gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
+    count = 0
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in _FACTORIES:
+            literal = node.kwargs.get("device")
+            if isinstance(literal, (torch.device, str)) and torch.device(literal) != torch.device(device):
+                node.kwargs = {**node.kwargs, "device": device}
+                count += 1
     gm.recompile()
     return gm, count

@@ -43,7 +43,7 @@ from planner.mesh import MeshSpec, PartitionSpec
 from planner.pins import PIN_REASONS, READ_PIN_REASON
 from planner.plan import Plan, PlanError, replicated_params
 from planner.targets import get_target
-from wancompile.legalize import layer_norm_decomposed, legalize
+from wancompile.legalize import layer_norm_decomposed, legalize, place_factories
 
 
 def xla_mesh(spec: MeshSpec):
@@ -390,7 +390,8 @@ class ShardedProgram:
         self.graph, self.plan, self.mesh, self.source = graph, plan, mesh, gm
         self.hlo_path = self.fold_hlo_path = None
         self.device = torch_xla.device()
-        self.lowered = insert_constraints(legalize(gm)[0] if legalize_ops else gm, graph, plan, mesh)
+        legal = place_factories(legalize(gm)[0] if legalize_ops else gm, self.device)[0]
+        self.lowered = insert_constraints(legal, graph, plan, mesh)
         # every layout the program marks: the plan's, and those of ops written out with pinned intermediates
         self.specs = frozenset(
             {tuple(s) for s in plan.params.values()}

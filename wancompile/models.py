@@ -7,7 +7,7 @@ stand-in with the same structure that runs on CPU in tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, NamedTuple, Optional
 
 import torch
 
@@ -248,3 +248,72 @@ def tiny_pipeline_inputs(
         width=width,
         num_frames=frames,
     )
+
+
+# --- other diffusers Wan-family DiTs, as data ------------------------------------------------------
+
+
+class Family(NamedTuple):
+    """A diffusers Wan-family DiT the planner is tested on: its class name in ``diffusers``, the tiny
+    random-weight config, and the example ``forward`` kwargs for it (tensors seeded, on CPU)."""
+
+    cls: str
+    tiny: dict[str, Any]
+    inputs: Callable[[torch.Generator], dict[str, Any]]
+
+
+_TINY_SKYREELS = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=4,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=16,
+    ffn_dim=96,
+    num_layers=2,
+    rope_max_seq_len=32,
+)
+
+
+def _video_and_prompt(g: torch.Generator) -> dict[str, Any]:
+    """A (1, 4, 3, 8, 8) latent (48 tokens after the 1x2x2 patch) and a 7-token prompt."""
+    return {
+        "hidden_states": torch.randn(1, 4, 3, 8, 8, generator=g),
+        "encoder_hidden_states": torch.randn(1, 7, 32, generator=g),
+    }
+
+
+FAMILIES: dict[str, Family] = {
+    # SkyReels-V2 T2V: one timestep per sample, as SkyReelsV2Pipeline calls it
+    "skyreels-t2v": Family(
+        "SkyReelsV2Transformer3DModel",
+        _TINY_SKYREELS,
+        lambda g: {**_video_and_prompt(g), "timestep": torch.tensor([500])},
+    ),
+    # SkyReels-V2 diffusion forcing: a timestep per latent frame and the fps embedding, as
+    # SkyReelsV2DiffusionForcingPipeline calls it (fps 24 -> embedding index 1)
+    "skyreels-df": Family(
+        "SkyReelsV2Transformer3DModel",
+        {**_TINY_SKYREELS, "inject_sample_info": True},
+        lambda g: {
+            **_video_and_prompt(g),
+            "timestep": torch.tensor([[999, 750, 500]]),
+            "enable_diffusion_forcing": True,
+            "fps": [1],
+        },
+    ),
+}
+
+
+def build_family(name: str, *, seed: int = 0) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """(tiny random-weight model, example forward kwargs) of a `FAMILIES` entry."""
+    import diffusers
+
+    try:
+        family = FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(FAMILIES)}") from None
+    torch.manual_seed(seed)
+    model = getattr(diffusers, family.cls)(**family.tiny).eval()
+    return model, family.inputs(torch.Generator().manual_seed(seed + 1))
