@@ -248,3 +248,98 @@ def tiny_pipeline_inputs(
         width=width,
         num_frames=frames,
     )
+
+
+# --- the other Wan-family DiTs diffusers ships, tiny --------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """A Wan-family DiT as data: the diffusers class, a tiny random-weight config (the ``tiny`` DiT's
+    4 heads x 16, 2 blocks, plus what the family adds) and the shapes of its example inputs
+    (``timestep`` is always a (batch,) long tensor of 500)."""
+
+    name: str
+    diffusers_class: str
+    transformer: dict[str, Any]
+    inputs: dict[str, tuple[int, ...]]
+    description: str = ""
+
+
+_TINY_DIT = {k: v for k, v in MODELS["tiny"].transformer.items()}
+
+FAMILIES: dict[str, FamilyConfig] = {
+    f.name: f
+    for f in [
+        FamilyConfig(
+            "chronoedit",
+            "ChronoEditTransformer3DModel",
+            # Wan 2.1 I2V layout: latents, mask and image condition on channels (4 + 4 + 4), CLIP image tokens
+            dict(_TINY_DIT, in_channels=12, image_dim=16, rope_temporal_skip_len=8),
+            {
+                # ChronoEdit's edit step: 2 latent frames (input image, edited image); its RoPE then
+                # reads temporal positions 0 and temporal_skip_len - 1 (`freqs[:skip][[0, -1]]`)
+                "hidden_states": (1, 12, 2, 8, 8),
+                "encoder_hidden_states": (1, 7, 32),
+                "encoder_hidden_states_image": (1, 5, 16),
+            },
+            "ChronoEdit (Wan 2.1 I2V based image editing), its two-frame edit step",
+        ),
+        FamilyConfig(
+            "animate",
+            "WanAnimateTransformer3DModel",
+            dict(
+                _TINY_DIT,
+                in_channels=12,
+                latent_channels=4,
+                image_dim=16,
+                # the motion encoder at 16x16 faces (2 residual blocks), as diffusers' own tiny test
+                motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+                motion_encoder_size=16,
+                motion_style_dim=8,
+                motion_dim=4,
+                motion_encoder_dim=16,
+                face_encoder_hidden_dim=16,
+                face_encoder_num_heads=2,
+                inject_face_latents_blocks=2,
+                # 5 face frames in batches of 4: the motion encoder runs twice (the real model: 77 in 8s)
+                motion_encoder_batch_size=4,
+            ),
+            {
+                # T + 1 = 3 latent frames, pose on T = 2; 5 face frames -> 2 after the face encoder's
+                # two stride-2 convs, + 1 padding frame = 3 (one face-attention group per latent frame)
+                "hidden_states": (1, 12, 3, 8, 8),
+                "encoder_hidden_states": (1, 7, 32),
+                "encoder_hidden_states_image": (1, 5, 16),
+                "pose_hidden_states": (1, 4, 2, 8, 8),
+                "face_pixel_values": (1, 3, 5, 16, 16),
+            },
+            "Wan 2.2 Animate: pose latents, a face motion encoder and face cross-attention adapters",
+        ),
+    ]
+}
+
+
+def get_family(name: str) -> FamilyConfig:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(FAMILIES)}") from None
+
+
+def build_family(name: str, *, seed: int = 0, **overrides: Any) -> torch.nn.Module:
+    """The family's diffusers DiT with its tiny config (and `overrides`), random weights (seeded), eval mode."""
+    import diffusers
+
+    family = get_family(name)
+    torch.manual_seed(seed)
+    return getattr(diffusers, family.diffusers_class)(**dict(family.transformer, **overrides)).eval()
+
+
+def family_inputs(name: str, *, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Example forward kwargs for `build_family(name)`: seeded random tensors, timestep 500."""
+    family = get_family(name)
+    g = torch.Generator().manual_seed(seed)
+    out = {k: torch.randn(s, generator=g) for k, s in family.inputs.items()}
+    out["timestep"] = torch.full((family.inputs["hidden_states"][0],), 500, dtype=torch.long)
+    return out
