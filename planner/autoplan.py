@@ -357,12 +357,7 @@ class DitFamily:
                 opts = [s for s in opts if not s.sigma and not s.stream[0]]
             if m.name in self.only:
                 pattern = self.only[m.name]
-                kept = [s for s in opts if re.search(pattern, s.name)]
-                if not kept:
-                    raise PlanError(
-                        f"only={{{m.name!r}: {pattern!r}}} matches none of {m.name}'s legal strategies: "
-                        + ", ".join(s.name for s in opts)
-                    )
+                kept = [s for s in opts if re.search(pattern, s.name)]  # none kept: `engine.check_options` says so
                 why = why + [Exclusion(s.name, f"restricted by only={pattern!r}") for s in opts if s not in kept]
                 opts = kept
             options = []

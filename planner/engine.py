@@ -19,7 +19,15 @@ from typing import Any, Mapping, Protocol
 from planner.explain import explain_choices
 from planner.ilp import KIB, Edge, Group, Infeasible, SolveResult, TimedOut, budget_gb, min_memory_kib, solve
 from planner.mesh import MeshSpec
-from planner.plan import Decision, Exclusion, MemoryBudgetError, Plan, SolverInfo, SolverTimeout
+from planner.plan import (
+    Decision,
+    Exclusion,
+    InfeasiblePlanError,
+    MemoryBudgetError,
+    Plan,
+    SolverInfo,
+    SolverTimeout,
+)
 from planner.propagate import Evaluation
 
 
@@ -73,6 +81,7 @@ def solve_problem(family: Family, problem: Problem, budget_bytes: float, time_li
     """Solve `problem` within `budget_bytes` per device. Raises `SolverTimeout`, or
     `MemoryBudgetError` naming the smallest budget that plans (and the family's advice)."""
     mesh = family.mesh
+    check_options(family, problem)
     memory_kib = problem.memory_kib(budget_bytes)
     try:
         res = solve(
@@ -85,7 +94,15 @@ def solve_problem(family: Family, problem: Problem, budget_bytes: float, time_li
             time_limit_s=time_limit_s,
         ) from None
     except Infeasible:
-        need = problem.need_gb(time_limit_s)
+        try:  # every group has an option (`check_options`): some budget plans, the smallest is solved for
+            need = problem.need_gb(time_limit_s)
+        except TimedOut:
+            raise SolverTimeout(
+                f"the solver proved no plan within {budget_bytes / 1e9:.6g} GB per device on mesh {mesh} for "
+                f"{family.subject} but stopped at its time limit ({time_limit_s:g} s) before finding the smallest "
+                "budget that plans; raise the time limit (time_limit_s=, `wancompile plan --time-limit`)",
+                time_limit_s=time_limit_s,
+            ) from None
         advice, meshes = family.advice(budget_bytes)
         raise MemoryBudgetError(
             f"no plan fits {budget_bytes / 1e9:.6g} GB per device on mesh {mesh} ({mesh.size} devices) for "
@@ -97,6 +114,35 @@ def solve_problem(family: Family, problem: Problem, budget_bytes: float, time_li
         ) from None
     chosen = {g.name: problem.tables[g.name][res.choice[g.name]] for g in problem.groups}
     return Solution(res, memory_kib, chosen)
+
+
+def check_options(family: Family, problem: Problem) -> None:
+    """Raise `InfeasiblePlanError` for a group left without any option: constraint (a) of
+    `planner.ilp` then has no solution whatever the budget, and the group's exclusions say why."""
+    for g in problem.groups:
+        if g.options:
+            continue
+        excluded = tuple((x.option, x.reason) for x in problem.excluded.get(g.name, ()))
+        raise InfeasiblePlanError(
+            f"no plan on mesh {family.mesh} for {family.subject}, at any memory budget: {g.name} has no legal "
+            "strategy left ("
+            + (_summary(excluded) or "none was offered")
+            + "). Lift what excluded them: an only= restriction or preset that matches none of its strategies, "
+            "a mesh whose axes its shapes divide, or the rewrite that produced its ops",
+            group=g.name,
+            excluded=excluded,
+        )
+
+
+def _summary(excluded: tuple[tuple[str, str], ...]) -> str:
+    """Exclusions by reason: ``option: reason`` for one or two options, ``N strategies: reason`` for more."""
+    by_reason: dict[str, list[str]] = {}
+    for option, reason in dict.fromkeys(excluded):
+        by_reason.setdefault(reason, []).append(option)
+    return "; ".join(
+        f"{len(opts)} strategies: {r}" if len(opts) > 2 else "; ".join(f"{o}: {r}" for o in opts)
+        for r, opts in by_reason.items()
+    )
 
 
 def solver_info(solution: Solution) -> SolverInfo:

@@ -184,6 +184,8 @@ def min_memory_kib(groups: Sequence[Group], *, time_limit_s: float = 5.0) -> tup
     solver.parameters.max_time_in_seconds = max(time_limit_s, 1.0)
     solver.parameters.num_workers = 1
     status = solver.Solve(model)
+    if status == cp_model.INFEASIBLE:  # (a) alone: a group without options
+        raise Infeasible(solver.StatusName(status), time_limit_s)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         raise TimedOut(solver.StatusName(status), time_limit_s)
     return int(round(solver.ObjectiveValue())), status == cp_model.OPTIMAL

@@ -66,6 +66,10 @@ def packed_operand(graph: Graph, name: str) -> Optional[Packed]:
 def source_layouts(graph: Graph, packed: Packed, layout: Layout, mesh: MeshSpec) -> tuple[dict[str, Layout], str]:
     """({source: layout}, "") giving every source the packed value's `layout` when the op rules
     carry it through the packing to exactly `layout` with no redistribution; else ({}, why not)."""
+    if (
+        not layout.axes and not layout.partial
+    ):  # a replicated value packs from replicated sources, whatever their shapes
+        return {s: Layout.replicated(len(graph[s].out.shape)) for s in packed.sources}, ""
     lays: dict[str, Layout] = {}
     for s in packed.sources:
         if len(graph[s].out.shape) != layout.ndim:

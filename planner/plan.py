@@ -52,6 +52,20 @@ class MemoryBudgetError(PlanError):
         self.budget_gb, self.need_gb, self.meshes = budget_gb, need_gb, meshes
 
 
+class InfeasiblePlanError(PlanError):
+    """The solver proved that no plan exists for a reason other than the memory budget (that one is
+    `MemoryBudgetError`): ``group`` is the macro left without any option, ``excluded`` every option
+    it was offered with what ruled it out (a shape that does not divide, an ``only=`` restriction, a
+    preset, an op a rewrite produced that no strategy places); ``rewrites``: the graph rewrites the
+    backend ran first (the message names the one that touched the macro)."""
+
+    def __init__(
+        self, message: str, *, group: str, excluded: tuple[tuple[str, str], ...] = (), rewrites: tuple[str, ...] = ()
+    ) -> None:
+        super().__init__(message)
+        self.group, self.excluded, self.rewrites = group, excluded, rewrites
+
+
 class SolverTimeout(PlanError):
     """The solver stopped at its time limit before finding any plan; nothing says none exists.
     Raise ``time_limit_s`` (``wancompile plan --time-limit``)."""

@@ -171,15 +171,17 @@ def find_structure(graph: Graph) -> Structure:
         _macro(graph, c, f"{root0}.{c}", True, [n for n in b0 if assign.get(n.name) == c]) for c in order
     )
 
-    # root MLP pairs (embedders)
-    parents: dict[str, list[Node]] = {}
+    # root MLP pairs (embedders): two linear *modules* under one parent. Calls are not modules: one
+    # linear called twice (Animate's motion encoder runs per batch of face frames, its 1x1 conv_in a
+    # linear after the conv1x1 rewrite) is one weight, not a pair.
+    parents: dict[str, dict[str, None]] = {}
     for n in prologue:
         if n.op == "linear":
-            parents.setdefault(n.module.rsplit(".", 1)[0] if "." in n.module else "", []).append(n)
+            parents.setdefault(n.module.rsplit(".", 1)[0] if "." in n.module else "", {})[n.module] = None
     root_macros = tuple(
         _macro(graph, p, p, False, [n for n in prologue if n.module.startswith(p + ".")])
         for p, lin in parents.items()
-        if len(lin) == 2 and p
+        if len(lin) == 2 and p and _one_call_each(prologue, p)
     )
 
     entry = block_stack_entry(graph)
@@ -199,6 +201,12 @@ def find_structure(graph: Graph) -> Structure:
         stream_shape[1],
         len(blocks),
     )
+
+
+def _one_call_each(prologue: list[Node], parent: str) -> bool:
+    """Is every linear under `parent` called once (an MLP pair planned as one macro, not a module run per batch)?"""
+    calls = [n.module for n in prologue if n.op == "linear" and n.module.startswith(parent + ".")]
+    return len(calls) == len(set(calls))
 
 
 def block_stack_entry(graph: Graph) -> Node:

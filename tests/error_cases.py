@@ -145,6 +145,13 @@ def _timeout(tmp):
     plan_graph(tiny_graph(), parse_mesh("2x4"), time_limit_s=0)
 
 
+def _only_infeasible(tmp):
+    from planner import plan_graph
+    from planner.mesh import parse_mesh
+
+    plan_graph(tiny_graph(), parse_mesh("2x4"), only={"attn1": r"^head-TP\(batchxmodel\)"})  # 4 heads over 8
+
+
 def _tt_xla_tokens(tmp):
     from planner.hand_plans import tt_xla_plan
     from planner.mesh import parse_mesh
@@ -604,6 +611,16 @@ CASES: tuple[Case, ...] = (
         raises(_memory),
     ),
     Case(
+        "infeasible-only",
+        "library",
+        "`plan_graph(..., only={'attn1': '^head-TP\\(batchxmodel\\)'})`: 4 heads over 8 devices",
+        "InfeasiblePlanError",
+        r"no plan on mesh 2x4 for .*, at any memory budget: attn1 has no legal strategy left \(head-TP over "
+        r"batchxmodel \(8\): 4 heads do not divide into 8; .*\d+ strategies: restricted by only=",
+        "an only= pattern that matches a legal strategy (the exclusions list them), or another mesh",
+        raises(_only_infeasible),
+    ),
+    Case(
         "solver-timeout",
         "library",
         "`plan_graph(..., time_limit_s=0)`",
@@ -721,6 +738,7 @@ adds the traceback. Through `torch.compile`, the backend's errors reach the call
 (`except wancompile.PlanError:` around the compiled call catches them; `wancompile.catchable`), where
 dynamo would wrap them in `torch._dynamo.exc.BackendCompilerFailed`; any other error keeps that wrapper
 (its `inner_exception`). All the types below are importable from `wancompile`. Error types: `OptionsError` (wancompile.options), `PlanError` and its subclasses `MemoryBudgetError`
-(`need_gb`: a budget that plans; `meshes`: larger system meshes that plan within the budget) and
-`SolverTimeout` (`time_limit_s`) in planner.plan, `NonFiniteInputError` (a `VerificationError`,
+(`need_gb`: a budget that plans; `meshes`: larger system meshes that plan within the budget),
+`InfeasiblePlanError` (no plan at any budget: `group`, the macro left without options, `excluded`, why each
+was ruled out, `rewrites`) and `SolverTimeout` (`time_limit_s`) in planner.plan, `NonFiniteInputError` (a `VerificationError`,
 wancompile.verify). `TMP` stands for the test's temporary directory."""

@@ -21,7 +21,7 @@ if not _runtime.enable_spmd_early():
     )
 
 from planner.mesh import MeshError
-from planner.plan import MemoryBudgetError, PlanError, SolverTimeout
+from planner.plan import InfeasiblePlanError, MemoryBudgetError, PlanError, SolverTimeout
 from wancompile.options import OptionsError
 from wancompile.vae import disable_full_t, enable_full_t
 from wancompile.verify import NonFiniteInputError, VerificationError
@@ -50,6 +50,7 @@ __all__ = [
     # the errors of docs/errors.md; the backend raises them as themselves (wancompile.catchable)
     "PlanError",
     "MemoryBudgetError",
+    "InfeasiblePlanError",
     "SolverTimeout",
     "MeshError",
     "OptionsError",

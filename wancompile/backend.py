@@ -25,7 +25,7 @@ import torch.fx as fx
 from planner.graph import Graph
 from planner.hardware import default_hardware  # the one default rule (docs/errors.md, README)
 from planner.mesh import MeshSpec
-from planner.plan import Plan, PlanError, RewriteRecord, load_plan, replicated_params
+from planner.plan import InfeasiblePlanError, Plan, PlanError, RewriteRecord, load_plan, replicated_params
 from wancompile import runtime
 from wancompile.capture import annotate
 from wancompile.options import Options
@@ -79,7 +79,10 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
 
         gm, _ = fold_conv_padding(gm)
     graph = annotate(gm, model=model)
-    plan = _plan_for(graph, mesh, opts, symbol_values(gm))
+    try:
+        plan = _plan_for(graph, mesh, opts, symbol_values(gm))
+    except InfeasiblePlanError as e:
+        raise _with_rewrites(e, records) from None
     if isinstance(opts.plan, Path):
         _check_rewrites(plan, opts)
     elif records:
@@ -158,6 +161,26 @@ def rewrite_graph(
         for reason in r.skipped:
             log.info("wan_autoshard rewrite %s skipped: %s", r.name, reason)
     return gm, tuple(RewriteRecord(r.name, r.count, tuple(r.where)) for r in reports)
+
+
+def _with_rewrites(e: InfeasiblePlanError, records: tuple[RewriteRecord, ...]) -> InfeasiblePlanError:
+    """`e` naming the rewrites that ran before planning, first those that rewrote ops of its macro."""
+    if not records:
+        return e
+    touched = [r.name for r in records if any(f".{e.group}." in f".{w}." for w in r.where)]
+    ran = [r.name for r in records]
+    return InfeasiblePlanError(
+        f"{e} (rewrites run before planning: {ran}"
+        + (
+            f"; {touched} rewrote ops of {e.group}: try without them, e.g. rewrites={[n for n in ran if n not in touched]!r}"
+            if touched
+            else ""
+        )
+        + ")",
+        group=e.group,
+        excluded=e.excluded,
+        rewrites=tuple(touched or ran),
+    )
 
 
 def _check_rewrites(plan: Plan, opts: Options) -> None:

@@ -114,6 +114,23 @@ def _jsonable(a: Any) -> Any:
     return repr(a)
 
 
+def _index_jsonable(index: Any) -> Any:
+    """A getitem/setitem index as data. A Python list is an advanced index (``x[[0, -1]]`` takes rows 0
+    and -1 of dim 0), a tuple one item per dim (``x[0, -1]``): the list is kept apart as
+    ``{"list": [...]}`` (`planner.rules.index`), where `_jsonable` would make both the same list."""
+    if isinstance(index, list):
+        return {"list": _jsonable(index)}
+    if isinstance(index, tuple):
+        return [{"list": _jsonable(it)} if isinstance(it, list) else _jsonable(it) for it in index]
+    return _jsonable(index)
+
+
+def _args_jsonable(kind: str, args: tuple) -> Any:
+    if kind in ("getitem", "setitem") and len(args) > 1:
+        return [_jsonable(args[0]), _index_jsonable(args[1]), *(_jsonable(a) for a in args[2:])]
+    return _jsonable(args)
+
+
 _OP_ALIASES = {
     operator.getitem: "getitem",
     operator.setitem: "setitem",
@@ -178,7 +195,9 @@ def annotate(gm: fx.GraphModule, model: str = "") -> Graph:
             attrs = {"input": input_name(str(n.target))} if param is None else {}
         else:
             module = paths[n.name]
-            attrs = {"args": _jsonable(n.args), "kwargs": _jsonable(dict(n.kwargs))} if n.op != "output" else {}
+            attrs = (
+                {"args": _args_jsonable(kind, n.args), "kwargs": _jsonable(dict(n.kwargs))} if n.op != "output" else {}
+            )
         family, block = _member_of(module, roots) if n.op != "output" else (None, None)
         loc_key = (module, kind)
         location = Location(module, kind, occurrences[loc_key])

@@ -7,7 +7,7 @@ stand-in with the same structure that runs on CPU in tests.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple, Optional
+from typing import Any, Optional
 
 import torch
 
@@ -250,70 +250,128 @@ def tiny_pipeline_inputs(
     )
 
 
-# --- other diffusers Wan-family DiTs, as data ------------------------------------------------------
+# --- the other Wan-family DiTs diffusers ships, tiny, as data ----------------------------------------
 
 
-class Family(NamedTuple):
-    """A diffusers Wan-family DiT the planner is tested on: its class name in ``diffusers``, the tiny
-    random-weight config, and the example ``forward`` kwargs for it (tensors seeded, on CPU)."""
+@dataclass(frozen=True)
+class FamilyConfig:
+    """A Wan-family DiT as data: the diffusers class, a tiny random-weight config (the ``tiny`` DiT's
+    4 heads x 16, 2 blocks, plus what the family adds) and its example forward call: ``inputs`` are
+    seeded random tensors by shape, ``call`` other kwargs as given (flags, ``fps``); ``timestep`` is a
+    long tensor of ``timestep`` (nested ints) if given, else 500 per sample."""
 
-    cls: str
-    tiny: dict[str, Any]
-    inputs: Callable[[torch.Generator], dict[str, Any]]
-
-
-_TINY_SKYREELS = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=4,
-    attention_head_dim=16,
-    in_channels=4,
-    out_channels=4,
-    text_dim=32,
-    freq_dim=16,
-    ffn_dim=96,
-    num_layers=2,
-    rope_max_seq_len=32,
-)
+    name: str
+    diffusers_class: str
+    transformer: dict[str, Any]
+    inputs: dict[str, tuple[int, ...]]
+    call: dict[str, Any] = field(default_factory=dict)
+    timestep: Any = None
+    description: str = ""
 
 
-def _video_and_prompt(g: torch.Generator) -> dict[str, Any]:
-    """A (1, 4, 3, 8, 8) latent (48 tokens after the 1x2x2 patch) and a 7-token prompt."""
-    return {
-        "hidden_states": torch.randn(1, 4, 3, 8, 8, generator=g),
-        "encoder_hidden_states": torch.randn(1, 7, 32, generator=g),
-    }
+_TINY_DIT = dict(MODELS["tiny"].transformer)
+_VIDEO = {"hidden_states": (1, 4, 3, 8, 8), "encoder_hidden_states": (1, 7, 32)}  # 3 x 4 x 4 = 48 tokens
 
-
-FAMILIES: dict[str, Family] = {
-    # SkyReels-V2 T2V: one timestep per sample, as SkyReelsV2Pipeline calls it
-    "skyreels-t2v": Family(
-        "SkyReelsV2Transformer3DModel",
-        _TINY_SKYREELS,
-        lambda g: {**_video_and_prompt(g), "timestep": torch.tensor([500])},
-    ),
-    # SkyReels-V2 diffusion forcing: a timestep per latent frame and the fps embedding, as
-    # SkyReelsV2DiffusionForcingPipeline calls it (fps 24 -> embedding index 1)
-    "skyreels-df": Family(
-        "SkyReelsV2Transformer3DModel",
-        {**_TINY_SKYREELS, "inject_sample_info": True},
-        lambda g: {
-            **_video_and_prompt(g),
-            "timestep": torch.tensor([[999, 750, 500]]),
-            "enable_diffusion_forcing": True,
-            "fps": [1],
-        },
-    ),
+FAMILIES: dict[str, FamilyConfig] = {
+    f.name: f
+    for f in [
+        # as diffusers' tests/models/transformers/test_models_transformer_wan_vace.py, at the tiny DiT's width
+        FamilyConfig(
+            "vace",
+            "WanVACETransformer3DModel",
+            dict(_TINY_DIT, vace_layers=[0, 1], vace_in_channels=8),
+            {**_VIDEO, "control_hidden_states": (1, 8, 3, 8, 8)},
+            description="Wan VACE: a control stack (vace_blocks) whose hints are added to the main blocks' outputs",
+        ),
+        FamilyConfig(
+            "skyreels-t2v",
+            "SkyReelsV2Transformer3DModel",
+            _TINY_DIT,
+            _VIDEO,
+            description="SkyReels-V2 T2V: one timestep per sample, as SkyReelsV2Pipeline calls it",
+        ),
+        FamilyConfig(
+            "skyreels-df",
+            "SkyReelsV2Transformer3DModel",
+            dict(_TINY_DIT, inject_sample_info=True),
+            _VIDEO,
+            # fps 24 -> embedding index 1, as SkyReelsV2DiffusionForcingPipeline calls it
+            call={"enable_diffusion_forcing": True, "fps": [1]},
+            timestep=[[999, 750, 500]],
+            description="SkyReels-V2 diffusion forcing: a timestep per latent frame and the fps embedding",
+        ),
+        FamilyConfig(
+            "chronoedit",
+            "ChronoEditTransformer3DModel",
+            # Wan 2.1 I2V layout: latents, mask and image condition on channels (4 + 4 + 4), CLIP image tokens
+            dict(_TINY_DIT, in_channels=12, image_dim=16, rope_temporal_skip_len=8),
+            {
+                # ChronoEdit's edit step: 2 latent frames (input image, edited image); its RoPE then
+                # reads temporal positions 0 and temporal_skip_len - 1 (`freqs[:skip][[0, -1]]`)
+                "hidden_states": (1, 12, 2, 8, 8),
+                "encoder_hidden_states": (1, 7, 32),
+                "encoder_hidden_states_image": (1, 5, 16),
+            },
+            description="ChronoEdit (Wan 2.1 I2V based image editing), its two-frame edit step",
+        ),
+        FamilyConfig(
+            "animate",
+            "WanAnimateTransformer3DModel",
+            dict(
+                _TINY_DIT,
+                in_channels=12,
+                latent_channels=4,
+                image_dim=16,
+                # the motion encoder at 16x16 faces (2 residual blocks), as diffusers' own tiny test
+                motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+                motion_encoder_size=16,
+                motion_style_dim=8,
+                motion_dim=4,
+                motion_encoder_dim=16,
+                face_encoder_hidden_dim=16,
+                face_encoder_num_heads=2,
+                inject_face_latents_blocks=2,
+                # 5 face frames in batches of 4: the motion encoder runs twice (the real model: 77 in 8s)
+                motion_encoder_batch_size=4,
+            ),
+            {
+                # T + 1 = 3 latent frames, pose on T = 2; 5 face frames -> 2 after the face encoder's
+                # two stride-2 convs, + 1 padding frame = 3 (one face-attention group per latent frame)
+                "hidden_states": (1, 12, 3, 8, 8),
+                "encoder_hidden_states": (1, 7, 32),
+                "encoder_hidden_states_image": (1, 5, 16),
+                "pose_hidden_states": (1, 4, 2, 8, 8),
+                "face_pixel_values": (1, 3, 5, 16, 16),
+            },
+            description="Wan 2.2 Animate: pose latents, a face motion encoder and face cross-attention adapters",
+        ),
+    ]
 }
 
 
-def build_family(name: str, *, seed: int = 0) -> tuple[torch.nn.Module, dict[str, Any]]:
-    """(tiny random-weight model, example forward kwargs) of a `FAMILIES` entry."""
-    import diffusers
-
+def get_family(name: str) -> FamilyConfig:
     try:
-        family = FAMILIES[name]
+        return FAMILIES[name]
     except KeyError:
         raise ValueError(f"unknown model family {name!r}; choose one of {sorted(FAMILIES)}") from None
+
+
+def build_family(name: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """(the family's diffusers DiT with its tiny config and `overrides`, random weights (seeded), eval
+    mode; its example forward kwargs: `family_inputs`)."""
+    import diffusers
+
+    family = get_family(name)
     torch.manual_seed(seed)
-    model = getattr(diffusers, family.cls)(**family.tiny).eval()
-    return model, family.inputs(torch.Generator().manual_seed(seed + 1))
+    model = getattr(diffusers, family.diffusers_class)(**dict(family.transformer, **overrides)).eval()
+    return model, family_inputs(name, seed=seed + 1)
+
+
+def family_inputs(name: str, *, seed: int = 1) -> dict[str, Any]:
+    """Example forward kwargs for `build_family(name)`: seeded random tensors, the family's call kwargs."""
+    family = get_family(name)
+    g = torch.Generator().manual_seed(seed)
+    out: dict[str, Any] = {k: torch.randn(s, generator=g) for k, s in family.inputs.items()}
+    batch = family.inputs["hidden_states"][0]
+    out["timestep"] = torch.tensor(family.timestep) if family.timestep is not None else torch.full((batch,), 500)
+    return {**out, **family.call}
