@@ -25,7 +25,9 @@ from planner.graph import Graph, Location, Node, TensorMeta
 
 # Modules whose instances repeat with identical structure; each instance is one "block" and the
 # planner may share ILP variables across blocks of equal shape.
-REPEATED_BLOCK_CLASSES = frozenset({"WanTransformerBlock", "WanResidualBlock", "WanAttentionBlock"})
+REPEATED_BLOCK_CLASSES = frozenset(
+    {"WanTransformerBlock", "WanVACETransformerBlock", "WanResidualBlock", "WanAttentionBlock"}
+)
 
 _PLACEHOLDER_KINDS = ("modules", "parameters", "buffers")
 
@@ -161,11 +163,11 @@ def annotate(gm: fx.GraphModule, model: str = "") -> Graph:
             if getattr(cls, "__name__", str(cls)) in REPEATED_BLOCK_CLASSES:
                 block_root[n.name] = module_path(entry)
                 break
-    block_index: dict[str, int] = {}
+    block_index: dict[str, int] = {}  # numbered per family (blocks.N and vace_blocks.N each from 0)
     for n in nodes:
         root = block_root.get(n.name)
         if root is not None and root not in block_index and n.op != "placeholder":
-            block_index[root] = len(block_index)
+            block_index[root] = sum(_block_prefix(r) == _block_prefix(root) for r in block_index)
 
     occurrences: dict[tuple[str, str], int] = defaultdict(int)
     out: list[Node] = []

@@ -248,3 +248,69 @@ def tiny_pipeline_inputs(
         width=width,
         num_frames=frames,
     )
+
+
+# --- model families beside the plain Wan DiT: tiny random-weight stand-ins, as data ----------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    """A diffusers transformer class built from a tiny config, with the example forward kwargs
+    (`inputs`: name -> shape; ``timestep`` is a long tensor of the given shape) a test runs it on."""
+
+    name: str
+    cls: str  # the diffusers class name
+    config: dict[str, Any]
+    inputs: dict[str, tuple[int, ...]]
+    description: str = ""
+
+
+_TINY_DIT = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=4,
+    attention_head_dim=16,
+    in_channels=4,
+    out_channels=4,
+    text_dim=32,
+    freq_dim=16,
+    ffn_dim=96,
+    num_layers=2,
+    rope_max_seq_len=32,
+)
+
+FAMILIES: dict[str, Family] = {
+    f.name: f
+    for f in [
+        # as diffusers' tests/models/transformers/test_models_transformer_wan_vace.py, at the tiny DiT's width
+        Family(
+            "vace",
+            "WanVACETransformer3DModel",
+            dict(_TINY_DIT, vace_layers=[0, 1], vace_in_channels=8),
+            {
+                "hidden_states": (1, 4, 3, 8, 8),  # 3 x 4 x 4 = 48 tokens
+                "timestep": (1,),
+                "encoder_hidden_states": (1, 7, 32),
+                "control_hidden_states": (1, 8, 3, 8, 8),
+            },
+            "Wan VACE: a control stack (vace_blocks) whose hints are added to the main blocks' outputs",
+        ),
+    ]
+}
+
+
+def build_family(name: str, *, seed: int = 0) -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
+    """The tiny random-weight model of family `name` (seeded, eval mode, CPU) and example forward kwargs."""
+    import diffusers
+
+    try:
+        fam = FAMILIES[name]
+    except KeyError:
+        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(FAMILIES)}") from None
+    torch.manual_seed(seed)
+    model = getattr(diffusers, fam.cls)(**fam.config).eval()
+    g = torch.Generator().manual_seed(seed + 1)
+    inputs = {
+        k: torch.full(s, 500, dtype=torch.long) if k == "timestep" else torch.randn(s, generator=g)
+        for k, s in fam.inputs.items()
+    }
+    return model, inputs
