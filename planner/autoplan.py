@@ -632,21 +632,8 @@ class DitFamily:
         if split_stream:
             pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen, evals) if x not in forced_block]
         tokens_split = any(chosen[m.name].stream[0] for m in stack)
-        entries = [(x, self.stream(chosen[f.macros[0].name].stream)) for f in self.st.families for x in f.entries]
         acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, split_stream=split_stream)
-        acts = (
-            acts[:1]
-            + tuple(
-                ActivationConstraint(
-                    self.g[x].location,
-                    lay.to_spec(),
-                    self.g[x].out.shape,
-                    reason="block-family entry (the control tokens): laid out as its first macro reads them",
-                )
-                for x, lay in entries
-            )
-            + acts[1:]
-        )
+        acts = acts[:1] + self._family_entries(chosen) + acts[1:]
         memory = _weight_bytes(self.g, self.st, params, self.mesh, self.vals, self.n, self.copies)
         act_peak = max(
             ev.peak_bytes for (name, sname), ev in evals.items() if chosen.get(name) and chosen[name].name == sname
@@ -682,6 +669,73 @@ class DitFamily:
         )
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
+
+    def _family_entries(self, chosen) -> tuple[ActivationConstraint, ...]:
+        """Each further family's entries (VACE's control tokens: patch-embedded, then ``cat`` with zero
+        padding) in the layout its first macro reads them, the values they are made from whole: left
+        open, GSPMD propagated the token split back through the patch embedding's transpose into the
+        conv and all-to-all'ed it (measured on 2x4); whole, the split is a local slice at the entry."""
+        out = []
+        for f in self.st.families:
+            lay = self.stream(chosen[f.macros[0].name].stream)
+            for x in f.entries:
+                node = self.g[x]
+                for i in dict.fromkeys(node.inputs):
+                    src = self.g[i]
+                    while src.outputs and src.op in ("transpose", "flatten") and src.inputs:
+                        if src.op == "transpose":
+                            whole = self.lift(i, Layout.replicated(len(src.out.shape)))
+                            out.append(
+                                ActivationConstraint(
+                                    src.location,
+                                    whole.to_spec(),
+                                    src.out.shape,
+                                    reason="block-family entry's tokens whole until the entry (left open, GSPMD split "
+                                    "the patch embedding's channels and all-to-all'ed them onto the tokens: 2x4)",
+                                )
+                            )
+                        src = self.g[src.inputs[0]]
+                    if src.op in ("conv3d", "linear") and not any(x.location == src.location for x in out):
+                        whole = self.lift(src.name, Layout.replicated(len(src.out.shape)))
+                        out.append(
+                            ActivationConstraint(
+                                src.location,
+                                whole.to_spec(),
+                                src.out.shape,
+                                reason="block-family patch embedding whole",
+                            )
+                        )
+                readers = [u for u in self.g.users(x) if u.op == "linear" and u.out.shape == node.out.shape]
+                if not any(lay.dims) or not readers:
+                    out.append(
+                        ActivationConstraint(
+                            node.location,
+                            lay.to_spec(),
+                            node.out.shape,
+                            reason="block-family entry (the control tokens): laid out as its first macro reads them",
+                        )
+                    )
+                    continue
+                # whole up to the projection that reads it, whose output is split: each device projects
+                # its own token rows (a pinned split on the concatenation still all-to-all'ed: 2x4)
+                out.append(
+                    ActivationConstraint(
+                        node.location,
+                        self.lift(x, Layout.replicated(len(node.out.shape))).to_spec(),
+                        node.out.shape,
+                        reason="block-family entry (the control tokens) whole; split by the projection reading it",
+                    )
+                )
+                out += [
+                    ActivationConstraint(
+                        u.location,
+                        lay.to_spec(),
+                        u.out.shape,
+                        reason="block-family entry projected in its first macro's layout (tokens on its SP axes)",
+                    )
+                    for u in readers
+                ]
+        return tuple(out)
 
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
         """Stream values crossing into a macro with another stream key: (producer, from, to, readers,
