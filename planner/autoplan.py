@@ -33,7 +33,7 @@ from planner.packing import packed_operand
 from planner.placements import Guard, Layout, as_number, numel, shard_count
 from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted, model_geometry
 from planner.propagate import Evaluation, evaluate, redistribute
-from planner.strategies import Macro, Strategy, find_structure, strategies
+from planner.strategies import Macro, Strategy, family_strategies, find_structure
 from planner.targets import get_target
 
 
@@ -169,7 +169,9 @@ class DitFamily:
         self.inputs = self._batch_inputs()
         self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
-        self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros for x in m.nodes}
+        self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros + st.family_macros for x in m.nodes}
+        self.macros = st.block_macros + st.family_macros + st.root_macros
+        self.family_first = {f.macros[0].name: f for f in st.families}
         self.hidden = graph[st.entry].out.shape[-1] if stream_layouts and preset == "auto" else None
         self._ends: dict = {}  # (stream key, priced) -> `ends(key)`, computed once
         self.target_name = target
@@ -256,16 +258,23 @@ class DitFamily:
         tokens, hidden = key
         return Layout((self.batch_axes, tuple(tokens), tuple(hidden)))
 
+    def reps(self, m: Macro) -> int:
+        """How many times a macro's priced ops run per forward: the main stack's block count for its
+        macros (priced on the representative block), once for the rest (a further family's macro
+        spans all its blocks)."""
+        return self.n if m.in_block and not m.family else 1
+
     def crossing(self, m: Macro) -> list[str]:
         inside = set(m.nodes)
         shape = self.g[self.st.entry].out.shape
+        entries = {x for f in self.st.families for x in f.entries}
         out = []
         for x in m.nodes:
             for i in self.g[x].inputs:
                 src = self.g[i]
                 if i in inside or src.is_param or not src.outputs or src.out.shape != shape:
                     continue
-                if (i == self.st.entry or src.block is not None) and i not in out:
+                if (i == self.st.entry or i in entries or src.block is not None) and i not in out:
                     out.append(i)
         return out
 
@@ -288,10 +297,10 @@ class DitFamily:
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
         one = pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
-        return one * (self.n if m.in_block else 1) * self.copies
+        return one * self.reps(m) * self.copies
 
     def fixed_param_bytes(self) -> float:
-        owned = {p for m in self.st.block_macros + self.st.root_macros for p in m.params}
+        owned = {p for m in self.macros for p in m.params}
         total = 0.0
         for node in self.g.params():
             if node.name in owned or node.block not in (None,):
@@ -313,7 +322,8 @@ class DitFamily:
             self.g, rest, self.mesh, self.hw, boundary=self.inputs, forced=entry, values=self.vals, target=target
         )
         boundary = dict(self.base)
-        for x in self.st.epilogue:
+        tail = self.st.glue + self.st.epilogue  # the glue between blocks (VACE's hint adds) reads the stream too
+        for x in tail:
             for i in self.g[x].inputs:
                 if (
                     self.g[i].block is not None
@@ -324,7 +334,7 @@ class DitFamily:
         exit_ = self.g[self.st.exit]
         epi = evaluate(
             self.g,
-            [self.g[x] for x in self.st.epilogue],
+            [self.g[x] for x in tail],
             self.mesh,
             self.hw,
             boundary=boundary,
@@ -341,8 +351,8 @@ class DitFamily:
     def problem(self) -> engine.Problem:
         groups, tables, excluded, evals = [], {}, {}, {}
         first = self.st.block_macros[0].name
-        for m in self.st.block_macros + self.st.root_macros:
-            opts, why = strategies(
+        for m in self.macros:
+            opts, why = family_strategies(
                 self.g,
                 m,
                 self.mesh,
@@ -365,8 +375,10 @@ class DitFamily:
                 ev = evals[m.name, s.name] = self.eval_macro(m, s)
                 cost = self.eval_macro(m, s, priced=True) if self.target is not None else ev
                 once = to_ns(self.ends(s.stream, self.target is not None).seconds) if m.name == first else 0
+                if m.name in self.family_first:  # a further family's entry (the control tokens) laid out
+                    once = to_ns(self.entries_seconds(self.family_first[m.name], s.stream))
                 options.append(pricing.option(s.name, s.stream, cost, self.param_bytes(m, s), once))
-            groups.append(Group(m.name, tuple(options), self.n if m.in_block else 1))
+            groups.append(Group(m.name, tuple(options), self.reps(m)))
             tables[m.name], excluded[m.name] = opts, why
         edges = self.edges(tables)
         if self.preset == "tt-xla":
@@ -452,14 +464,57 @@ class DitFamily:
                 if src != m.name:
                     crossings.setdefault((src, m.name), []).append(x)
         crossings.setdefault((last, first), []).append(self.st.block_output)
-        keys = {m.name: {s.stream for s in tables[m.name]} for m in macros}
+        once = self.family_crossings()
+        keys = {m.name: {s.stream for s in tables[m.name]} for m in macros + self.st.family_macros}
         out = []
-        for (a, b), tensors in crossings.items():
+        for (a, b), tensors in list(crossings.items()) + list(once.items()):
             cost = {
                 (k, l): to_ns(sum(self.reshard_seconds(t, k, l) for t in tensors)) for k in keys[a] for l in keys[b]
             }
-            out.append(Edge(a, b, self.n, cost))
+            out.append(Edge(a, b, self.n if (a, b) in crossings else 1, cost))
         return out
+
+    def family_crossings(self) -> dict[tuple[str, str], list[str]]:
+        """Stream values crossing into, out of or within the further families, each once per forward:
+        (producing macro, reading macro) -> values. The main stack's entry read by a family comes from
+        the main first macro; a family value the glue reads (a VACE hint) goes to the main first
+        macro's layout (the glue runs in it, `ends`); a family's entries are its first macro's (`once`)."""
+        first = self.st.block_macros[0].name
+        out: dict[tuple[str, str], list[str]] = {}
+        for m in self.st.family_macros:
+            for x in self.crossing(m):
+                if x in self.family_entries():
+                    continue
+                src = first if x == self.st.entry else self.macro_of.get(x)
+                if src is not None and src != m.name:
+                    out.setdefault((src, m.name), []).append(x)
+        family = {x for m in self.st.family_macros for x in m.nodes}
+        for r, i in self.glue_reads():
+            x = self.g[r].inputs[i]
+            if x in family:
+                out.setdefault((self.macro_of[x], first), []).append(x)
+        return out
+
+    def family_entries(self) -> set[str]:
+        return {x for f in self.st.families for x in f.entries}
+
+    def glue_reads(self) -> list[tuple[str, int]]:
+        """(glue op, input index) for every stream value of a further family the glue reads."""
+        family = {x for m in self.st.family_macros for x in m.nodes}
+        return [(x, i) for x in self.st.glue for i, inp in enumerate(self.g[x].inputs) if inp in family]
+
+    def entries_seconds(self, family, key) -> float:
+        """A family's entries moved from their prologue layout into stream layout `key`."""
+        total = 0.0
+        for x in family.entries:
+            lays = self.base.get(x)
+            have = (
+                lays[0] if lays and lays[0] is not None else self.lift(x, Layout.replicated(len(self.g[x].out.shape)))
+            )
+            total += pricing.reshard_seconds(
+                self.g[x].out, have, self.stream(key), self.mesh, self.hw, self.vals, self.target
+            )
+        return total
 
     # --- the solve's companions --------------------------------------------------------------------
 
@@ -469,14 +524,16 @@ class DitFamily:
         tp = tuple(axes[-1:])
         sp = tuple(axes[:-1])
         out = {}
+        block = {m.name for m in self.st.block_macros + self.st.family_macros}
         for g in groups:
             opts = tables[g.name]
+            many = g.name in block
             for want in ((sp, tp), ((), tp), (sp, ()), ((), ())):
                 i = next(
                     (
                         i
                         for i, s in enumerate(opts)
-                        if (s.sigma if g.count > 1 else ()) == (want[0] if g.count > 1 else ())
+                        if (s.sigma if many else ()) == (want[0] if many else ())
                         and s.stream == (s.sigma, ())
                         and s.tp == want[1]
                         and not s.fsdp
@@ -492,7 +549,8 @@ class DitFamily:
     def decisions(self, problem: engine.Problem, solution: engine.Solution) -> tuple[Decision, ...]:
         """One typed Decision per group (`planner.explain.explain_choices`): costs per forward, the
         stream each option reads and writes in the layout notation."""
-        block = {m.name for m in self.st.block_macros}
+        block = {m.name for m in self.st.block_macros + self.st.family_macros}
+        family = {m.name: m.family for m in self.st.family_macros}
 
         def stream(g, key) -> str:
             return self.stream(key).show(self.mesh) if g.name in block else ""
@@ -506,7 +564,9 @@ class DitFamily:
         tables, res = problem.tables, solution.result
         out = engine.explain(problem, solution, in_block=in_block, stream=stream, fsdp=fsdp)
         return tuple(
-            dc_replace(d, state=tables[g.name][res.choice[g.name]].state) if g.name in block else d
+            dc_replace(d, state=tables[g.name][res.choice[g.name]].state, family=family.get(g.name, ""))
+            if g.name in block
+            else d
             for g, d in zip(problem.groups, out)
         )
 
@@ -524,10 +584,10 @@ class DitFamily:
         for e in ends.events:
             events[(e.kind, e.axes, e.bytes, e.where)] += 1
         forced_block: dict[str, Layout] = {}
-        for m in self.st.block_macros + self.st.root_macros:
+        for m in self.macros:
             s = chosen[m.name]
             ev = evals[m.name, s.name]
-            k = self.n if m.in_block else 1
+            k = self.reps(m)
             compute += ev.compute_seconds * k
             guards += list(ev.guards) + list(s.guards)
             warnings += ev.warnings
@@ -541,7 +601,7 @@ class DitFamily:
         copies: list[tuple[str, int, Layout]] = []  # (reader, input index, layout of its copy)
         changes = self._sigma_changes(chosen)
         out_changed = any(readers is None for *_, readers in changes)
-        for a, b, l_sig, readers in changes:
+        for a, b, l_sig, readers, times in changes:
             if readers is None:
                 # the block output: pinned where it is made (else GSPMD moves the change back into the
                 # last macro's glue), then changed in place: all its readers are in the next block
@@ -549,25 +609,27 @@ class DitFamily:
             else:
                 # pinned where it is made, so that the copy the readers in the other macro get cannot
                 # move its layout back into the producing macro (GSPMD propagates a constraint backwards)
-                if a == self.st.entry:  # in block 0 the entry's own pin; in later blocks the block output
+                if a == self.st.entry and times > 1:  # in block 0 the entry's own pin; later: the block output
                     if not out_changed:
                         pins.append((self.st.block_output, self.stream(b), _MADE))
                         out_changed = True
-                elif a not in forced_block:
+                elif a not in forced_block and a != self.st.entry:
                     pins.append((a, self.stream(b), _MADE))
                 copies += [(r, i, self.stream(l_sig)) for r, i in readers]
             for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
-                events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += self.n
+                events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += times
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
-        split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in self.st.block_macros)
+        stack = self.st.block_macros + self.st.family_macros
+        split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in stack)
         if split_stream:
             pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen, evals) if x not in forced_block]
-        tokens_split = any(chosen[m.name].stream[0] for m in self.st.block_macros)
+        tokens_split = any(chosen[m.name].stream[0] for m in stack)
         acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, split_stream=split_stream)
-        memory = _weight_bytes(self.g, params, self.mesh, self.vals, self.n, self.copies)
+        acts = acts[:1] + self._family_entries(chosen) + acts[1:]
+        memory = _weight_bytes(self.g, self.st, params, self.mesh, self.vals, self.n, self.copies)
         act_peak = max(
             ev.peak_bytes for (name, sname), ev in evals.items() if chosen.get(name) and chosen[name].name == sname
         )
@@ -603,22 +665,101 @@ class DitFamily:
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
+    def _family_entries(self, chosen) -> tuple[ActivationConstraint, ...]:
+        """Each further family's entries (VACE's control tokens: patch-embedded, then ``cat`` with zero
+        padding) in the layout its first macro reads them, the values they are made from whole: left
+        open, GSPMD propagated the token split back through the patch embedding's transpose into the
+        conv and all-to-all'ed it (measured on 2x4); whole, the split is a local slice at the entry."""
+        out = []
+        for f in self.st.families:
+            lay = self.stream(chosen[f.macros[0].name].stream)
+            for x in f.entries:
+                node = self.g[x]
+                for i in dict.fromkeys(node.inputs):
+                    src = self.g[i]
+                    while src.outputs and src.op in ("transpose", "flatten") and src.inputs:
+                        if src.op == "transpose":
+                            whole = self.lift(i, Layout.replicated(len(src.out.shape)))
+                            out.append(
+                                ActivationConstraint(
+                                    src.location,
+                                    whole.to_spec(),
+                                    src.out.shape,
+                                    reason="block-family entry's tokens whole until the entry (left open, GSPMD split "
+                                    "the patch embedding's channels and all-to-all'ed them onto the tokens: 2x4)",
+                                )
+                            )
+                        src = self.g[src.inputs[0]]
+                    if src.op in ("conv3d", "linear") and not any(x.location == src.location for x in out):
+                        whole = self.lift(src.name, Layout.replicated(len(src.out.shape)))
+                        out.append(
+                            ActivationConstraint(
+                                src.location,
+                                whole.to_spec(),
+                                src.out.shape,
+                                reason="block-family patch embedding whole",
+                            )
+                        )
+                readers = [u for u in self.g.users(x) if u.op == "linear" and u.out.shape == node.out.shape]
+                if not any(lay.dims) or not readers:
+                    out.append(
+                        ActivationConstraint(
+                            node.location,
+                            lay.to_spec(),
+                            node.out.shape,
+                            reason="block-family entry (the control tokens): laid out as its first macro reads them",
+                        )
+                    )
+                    continue
+                # whole up to the projection that reads it, whose output is split: each device projects
+                # its own token rows (a pinned split on the concatenation still all-to-all'ed: 2x4)
+                out.append(
+                    ActivationConstraint(
+                        node.location,
+                        self.lift(x, Layout.replicated(len(node.out.shape))).to_spec(),
+                        node.out.shape,
+                        reason="block-family entry (the control tokens) whole; split by the projection reading it",
+                    )
+                )
+                out += [
+                    ActivationConstraint(
+                        u.location,
+                        lay.to_spec(),
+                        u.out.shape,
+                        reason="block-family entry projected in its first macro's layout (tokens on its SP axes)",
+                    )
+                    for u in readers
+                ]
+        return tuple(out)
+
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
-        """Stream values crossing into a macro with another stream key: (producer, from, to, readers), one
-        per value and reading macro; readers = the (node, input index) pairs of that macro that read
-        it, None for the block output (all its readers are in the next block: changed in place)."""
+        """Stream values crossing into a macro with another stream key: (producer, from, to, readers,
+        times per forward), one per value and reading macro; readers = the (node, input index) pairs of
+        that macro that read it, None for the block output (all its readers are in the next block:
+        changed in place). A further family's values cross once (their macros span their blocks), and
+        so do the family values the glue reads (into the main first macro's layout)."""
         out = []
         macros = self.st.block_macros
         first = macros[0]
-        key = {m.name: chosen[m.name].stream for m in macros}
+        key = {m.name: chosen[m.name].stream for m in macros + self.st.family_macros}
         if key[macros[-1].name] != key[first.name]:
-            out.append((self.st.block_output, key[macros[-1].name], key[first.name], None))
+            out.append((self.st.block_output, key[macros[-1].name], key[first.name], None, self.n))
         for m in macros:
             for x in self.crossing(m):
                 src = first.name if x == self.st.entry else self.macro_of.get(x, first.name)
                 if key[src] != key[m.name]:
                     readers = [(n, i) for n in m.nodes for i, inp in enumerate(self.g[n].inputs) if inp == x]
-                    out.append((x, key[src], key[m.name], readers))
+                    out.append((x, key[src], key[m.name], readers, self.n))
+        for (src, dst), xs in self.family_crossings().items():
+            if key[src] == key[dst]:
+                continue
+            # a family value goes to the main first macro only through the glue that reads it
+            reading = (
+                self.st.glue if dst == first.name else next(m for m in self.st.family_macros if m.name == dst).nodes
+            )
+            for x in xs:
+                readers = [(n, i) for n in reading for i, inp in enumerate(self.g[n].inputs) if inp == x]
+                out.append((x, key[src], key[dst], readers, 1))
         return out
 
     def _modulation(self, chosen, evals) -> list[tuple[str, Layout]]:
@@ -629,7 +770,7 @@ class DitFamily:
         macro's vectors (measured: 3 per block on 2x4); pinned, each use slices its own. An op that
         reads only values made before the blocks (the RoPE table's even/odd columns) is left to its
         input's layout: the table is pinned where it is made."""
-        block = [n for n in self.g if n.block == 0 and n.op != "placeholder"]
+        block = [n for n in self.g if self.st.in_rep(self.g, n) and n.op != "placeholder"]
         dependent = {self.st.entry}
         for n in block:
             if any(i in dependent for i in n.inputs):
@@ -653,7 +794,7 @@ class DitFamily:
         out: list[str] = []
         prologue, epilogue = set(self.st.prologue), set(self.st.epilogue)
         for node in self.g:
-            if node.block != 0 and node.name not in epilogue:
+            if not self.st.in_rep(self.g, node) and node.name not in epilogue:
                 continue
             for i in node.inputs:
                 src = self.g[i]
@@ -684,16 +825,19 @@ class DitFamily:
 
     def _params(self, chosen) -> dict:
         spec0: dict[str, tuple] = {}
-        for m in self.st.block_macros + self.st.root_macros:
+        for m in self.macros:
             for p, lay in chosen[m.name].params.items():
                 if self.g[p].is_param:  # not a packed weight: that one is an activation constraint
                     spec0[self.g[p].param] = lay.to_spec()
         out = {}
         for node in self.g.params():
             name = node.param
-            spec = spec0.get(self.g.in_block(node, name, 0), spec0.get(name, (None,) * len(node.out.shape)))
+            if self.st.in_main(self.g, node):
+                spec = spec0.get(self.g.in_block(node, name, 0), spec0.get(name, (None,) * len(node.out.shape)))
+            else:  # the prologue's, the epilogue's, and a further family's (each block its own)
+                spec = spec0.get(name, (None,) * len(node.out.shape))
             out[name] = spec
-            if node.block == 0:  # the captured blocks stand for all n
+            if self.st.in_rep(self.g, node):  # the captured blocks stand for all n
                 for k in range(self.n):
                     out.setdefault(self.g.in_block(node, name, k), spec)
         return out
@@ -725,7 +869,9 @@ class DitFamily:
             )
 
         def per_block(node) -> list:
-            return [node.location] if node.block is None else [self.g.block_location(node, k) for k in range(self.n)]
+            if not self.st.in_rep(self.g, node):
+                return [node.location]
+            return [self.g.block_location(node, k) for k in range(self.n)]
 
         for name, lay, why in pins:
             node = self.g[name]
@@ -801,16 +947,17 @@ class DitFamily:
         return tuple(inputs + acts)
 
 
-def _weight_bytes(graph: Graph, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
+def _weight_bytes(graph: Graph, st, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
     """Per-device parameter bytes of the whole model under the partition specs `specs` (by parameter
-    name): the captured graph's parameters, block 0's counted for every one of `num_blocks` blocks."""
+    name): the captured graph's parameters, the main stack's representative block's counted for
+    every one of `num_blocks` blocks (its other captured blocks not again)."""
 
     def size(p) -> float:
         spec = specs.get(p.param)
         return pricing.local_bytes(p.out, Layout.from_spec(spec) if spec is not None else None, mesh, values)
 
-    whole = sum(size(p) for p in graph.params() if p.block in (None, 0))
-    block0 = sum(size(p) for p in graph.params() if p.block == 0)
+    whole = sum(size(p) for p in graph.params() if st.in_rep(graph, p) or not st.in_main(graph, p))
+    block0 = sum(size(p) for p in graph.params() if st.in_rep(graph, p))
     return (whole + block0 * (num_blocks - 1)) * copies
 
 
@@ -846,7 +993,7 @@ def price_plan(
     mesh = plan.mesh
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
-    b0 = [x for x in graph if x.block == 0 and x.op != "placeholder"]
+    b0 = [x for x in graph if st.in_rep(graph, x) and x.op != "placeholder"]
     pro = [graph[x] for x in st.prologue]
     epi_in = {}
     ev_pre = evaluate(graph, pro + b0, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
@@ -880,6 +1027,6 @@ def price_plan(
     )
     ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
     compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
-    memory = _weight_bytes(graph, plan.params, mesh, vals, n, weight_copies)
+    memory = _weight_bytes(graph, st, plan.params, mesh, vals, n, weight_copies)
     memory += pricing.ACTIVATION_FACTOR * max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes)
     return Predicted(compute + comm, compute, comm, int(memory))

@@ -299,10 +299,14 @@ class Decision:
     stream: str = ""  # layout of the stream the chosen option reads/writes (planner.placements notation)
     unit: str = "forward"
     state: str = ""  # which stream layout that is (DiT block macros): STATE A | STATE B | SP-Megatron
+    family: str = ""  # a further block family's prefix (``vace_blocks``); ``macro`` is then its block-generic name
 
     @property
     def scope(self) -> str:
-        """The module path the choice applies to: ``blocks.*.attn1``, ``condition_embedder.time_embedder``."""
+        """The module path the choice applies to: ``blocks.*.attn1``, ``vace_blocks.*.attn1``,
+        ``condition_embedder.time_embedder``."""
+        if self.family:
+            return self.macro
         return f"blocks.*.{self.macro}" if self.in_block else self.macro
 
     @property
@@ -338,6 +342,7 @@ class Decision:
             "stream": self.stream,
             "unit": self.unit,
             "state": self.state,
+            **({"family": self.family} if self.family else {}),
         }
 
     @classmethod
@@ -360,6 +365,7 @@ class Decision:
             stream=str(d.get("stream", "")),
             unit=str(d.get("unit", "forward")),
             state=str(d.get("state", "")),
+            family=str(d.get("family", "")),
         )
 
 

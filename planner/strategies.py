@@ -66,6 +66,8 @@ class Macro:
     qkv: tuple[str, ...] = ()  # the linear producing each of SDPA's q, k, v (one linear twice when fused)
     kv: tuple[str, ...] = ()  # the linears producing the K and V of every SDPA (I2V: text and image)
     packed: tuple[Packed, ...] = ()  # weights/biases the macro's linears read packed from parameters
+    family: str = ""  # a further block family's prefix (``vace_blocks``): the macro spans its blocks
+    parts: tuple["Macro", ...] = ()  # that family's per-block macros, one per captured block
 
 
 Stream = tuple[tuple[str, ...], tuple[str, ...]]  # (axes splitting the stream's tokens, its hidden dim)
@@ -104,8 +106,22 @@ def stream_state(stream: Stream, tp: tuple[str, ...] = ()) -> str:
 
 
 @dataclass(frozen=True)
+class Family:
+    """A further stack of repeated blocks beside the main one (VACE's control stack ``vace_blocks``):
+    its macros each span all of its captured blocks (one ILP variable per macro for the family),
+    and the stream values it reads from the prologue (`entries`: the control tokens)."""
+
+    prefix: str
+    macros: tuple[Macro, ...]
+    entries: tuple[str, ...]
+    blocks: int
+
+
+@dataclass(frozen=True)
 class Structure:
-    """The DiT as the planner sees it: prologue, one representative block, epilogue."""
+    """The DiT as the planner sees it: prologue, one representative block of the main stack (the
+    stack the epilogue reads), epilogue; further block families (`families`) and the glue between
+    the main blocks that reads them (`glue`: VACE's hint adds)."""
 
     prologue: tuple[str, ...]
     epilogue: tuple[str, ...]
@@ -116,6 +132,28 @@ class Structure:
     exit: str  # proj_out's linear: gathered to replicated before unpatchify
     tokens: object  # L (int or sympy expression)
     captured_blocks: int
+    root: str = ""  # the representative block's module path (``blocks.0``)
+    families: tuple[Family, ...] = ()
+    glue: tuple[str, ...] = ()  # non-block ops between the main stack's first and last block ops
+
+    def in_rep(self, graph: Graph, node: Node) -> bool:
+        """Whether `node` belongs to the main stack's representative block."""
+        return node.block is not None and graph.block_root(node) == self.root
+
+    def in_main(self, graph: Graph, node: Node) -> bool:
+        """Whether `node` belongs to any block of the main stack."""
+        root = graph.block_root(node)
+        return root is not None and family_of(root) == family_of(self.root)
+
+    @property
+    def family_macros(self) -> tuple[Macro, ...]:
+        return tuple(m for f in self.families for m in f.macros)
+
+
+def family_of(root: str) -> str:
+    """A block's family prefix: its module path without the block number (``vace_blocks.1`` ->
+    ``vace_blocks``)."""
+    return root.rsplit(".", 1)[0]
 
 
 class StructureError(ValueError):
@@ -128,19 +166,19 @@ def _child(module: str, root: str) -> Optional[str]:
     return module[len(root) + 1 :].split(".")[0]
 
 
-def find_structure(graph: Graph) -> Structure:
-    nodes = [n for n in graph if n.op not in ("placeholder", "output")]
-    blocks = graph.blocks()
-    if not blocks:
-        raise StructureError("no repeated blocks in the graph (is this a Wan DiT?)")
-    b0 = [n for n in nodes if n.block == blocks[0]]
-    root0 = min((n.module for n in b0), key=len)  # the block module itself (its glue ops live there)
-    first = nodes.index(b0[0])
-    last_block = max(i for i, n in enumerate(nodes) if n.block is not None)
-    prologue = [n for n in nodes[:first] if n.block is None]
-    epilogue = [n for n in nodes[last_block + 1 :] if n.block is None]
+def _roots(graph: Graph, nodes: list[Node]) -> dict[str, str]:
+    """node name -> its block's module path, for the block ops of `nodes`."""
+    out = {}
+    for n in nodes:
+        root = graph.block_root(n) if n.block is not None else None
+        if root is not None:
+            out[n.name] = root
+    return out
 
-    # block macros: children of the block root with attention or two linears
+
+def _block_macros(graph: Graph, b0: list[Node], root0: str) -> tuple[Macro, ...]:
+    """One block's macros: children of the block root with attention or two linears; every other op
+    of the block (norms, adaLN, residual adds, single projections) joins the next macro."""
     by_child: dict[str, list[Node]] = {}
     for n in b0:
         c = _child(n.module, root0)
@@ -151,6 +189,8 @@ def find_structure(graph: Graph) -> Structure:
         for c, ns in by_child.items()
         if any(n.op == "scaled_dot_product_attention" for n in ns) or sum(n.op == "linear" for n in ns) >= 2
     ]
+    if not macro_children:
+        raise StructureError(f"block {root0} has no attention and no two-linear child: nothing to plan as a macro")
     assign: dict[str, str] = {}
     pending: list[Node] = []
     order: list[str] = []
@@ -167,9 +207,75 @@ def find_structure(graph: Graph) -> Structure:
             pending.append(n)
     for p in pending:
         assign[p.name] = order[-1]
-    block_macros = tuple(
-        _macro(graph, c, f"{root0}.{c}", True, [n for n in b0 if assign.get(n.name) == c]) for c in order
+    return tuple(_macro(graph, c, f"{root0}.{c}", True, [n for n in b0 if assign.get(n.name) == c]) for c in order)
+
+
+def _family(graph: Graph, prefix: str, roots: list[str], of: dict[str, str], nodes: list[Node], main: set) -> Family:
+    """A further block family: per child name one macro spanning all its blocks (`Macro.parts`)."""
+    per_block = [_block_macros(graph, [n for n in nodes if of.get(n.name) == r], r) for r in roots]
+    names = [m.name for m in per_block[0]]
+    if any([m.name for m in b] != names for b in per_block):
+        raise StructureError(
+            f"the blocks of {prefix} do not share their macros ({names}); cannot plan them as one family"
+        )
+    macros = []
+    for i, c in enumerate(names):
+        parts = tuple(b[i] for b in per_block)
+        macros.append(
+            Macro(
+                f"{prefix}.*.{c}",
+                parts[0].kind,
+                f"{prefix}.*.{c}",
+                True,
+                tuple(x for p in parts for x in p.nodes),
+                tuple(x for p in parts for x in p.params),
+                tuple(x for p in parts for x in p.linears),
+                parts[0].width,
+                parts[0].self_attention,
+                family=prefix,
+                parts=parts,
+            )
+        )
+    inside = {x for m in macros for x in m.nodes}
+    stream = graph[next(iter(main))].out.shape if main else None
+    entries = tuple(
+        dict.fromkeys(
+            i
+            for x in inside
+            for i in graph[x].inputs
+            if i not in inside
+            and graph[i].block is None
+            and not graph[i].is_param
+            and graph[i].outputs
+            and graph[i].out.shape == stream
+            and i not in main
+        )
     )
+    return Family(prefix, tuple(macros), entries, len(roots))
+
+
+def find_structure(graph: Graph) -> Structure:
+    nodes = [n for n in graph if n.op not in ("placeholder", "output")]
+    if not graph.blocks():
+        raise StructureError("no repeated blocks in the graph (is this a Wan DiT?)")
+    of = _roots(graph, nodes)
+    if not of:
+        raise StructureError("no repeated blocks in the graph (is this a Wan DiT?)")
+    order: dict[str, list[str]] = {}  # family prefix -> its block roots, graph order
+    for root in of.values():
+        fam = order.setdefault(family_of(root), [])
+        if root not in fam:
+            fam.append(root)
+    last_block = max(i for i, n in enumerate(nodes) if n.name in of)
+    main = family_of(of[nodes[last_block].name])  # the stack the epilogue reads
+    root0 = order[main][0]
+    b0 = [n for n in nodes if of.get(n.name) == root0]
+    first = nodes.index(b0[0])
+    prologue = [n for n in nodes[:first] if n.block is None]
+    epilogue = [n for n in nodes[last_block + 1 :] if n.block is None]
+    glue = [n for n in nodes[first : last_block + 1] if n.block is None]
+
+    block_macros = _block_macros(graph, b0, root0)
 
     # root MLP pairs (embedders): two linear *modules* under one parent. Calls are not modules: one
     # linear called twice (Animate's motion encoder runs per batch of face frames, its 1x1 conv_in a
@@ -184,12 +290,15 @@ def find_structure(graph: Graph) -> Structure:
         if len(lin) == 2 and p and _one_call_each(prologue, p)
     )
 
-    entry = block_stack_entry(graph)
+    entry = block_stack_entry(graph, root0)
     exit_ = next((n for n in reversed(epilogue) if n.op == "linear"), None)
     if exit_ is None:
         raise StructureError("no output projection after the block stack")
     stream_shape = entry.out.shape
     block_output = next(n for n in reversed(b0) if n.outputs and n.out.shape == stream_shape)
+    families = tuple(
+        _family(graph, prefix, roots, of, nodes, {entry.name}) for prefix, roots in order.items() if prefix != main
+    )
     return Structure(
         tuple(n.name for n in prologue),
         tuple(n.name for n in epilogue),
@@ -199,7 +308,10 @@ def find_structure(graph: Graph) -> Structure:
         block_output.name,
         exit_.name,
         stream_shape[1],
-        len(blocks),
+        len(order[main]),
+        root0,
+        families,
+        tuple(n.name for n in glue),
     )
 
 
@@ -209,22 +321,30 @@ def _one_call_each(prologue: list[Node], parent: str) -> bool:
     return len(calls) == len(set(calls))
 
 
-def block_stack_entry(graph: Graph) -> Node:
-    """The (B, L, D) token tensor block 0 reads: walk back from block 0's first LayerNorm (norm1)
-    through its dtype casts until the producer lies outside the block. Found by dataflow, so it
-    holds after rewrites (patch_embed's linear, sp_pad's pad)."""
-    norm1 = next((n for n in graph if n.block == 0 and n.op == "layer_norm"), None)
+def block_stack_entry(graph: Graph, root: Optional[str] = None) -> Node:
+    """The (B, L, D) token tensor the main stack's first block (`root`; default: the block of the
+    last block op, ``blocks.0``) reads: walk back from its first LayerNorm (norm1) through its dtype
+    casts until the producer lies outside the block. Found by dataflow, so it holds after rewrites
+    (patch_embed's linear, sp_pad's pad)."""
+    if root is None:
+        ops = [n for n in graph if n.block is not None and n.op != "placeholder"]
+        if not ops:
+            raise StructureError("cannot find the block-stack entry (no blocks); is this a Wan DiT graph?")
+        main = family_of(graph.block_root(ops[-1]) or "")
+        root = next(r for r in (graph.block_root(n) for n in ops) if r and family_of(r) == main)
+    norm1 = next((n for n in graph if graph.block_root(n) == root and n.op == "layer_norm"), None)
     if norm1 is None:
-        raise StructureError("cannot find the block-stack entry (no LayerNorm in block 0); is this a Wan DiT graph?")
+        raise StructureError(f"cannot find the block-stack entry (no LayerNorm in {root}); is this a Wan DiT graph?")
     x = graph[norm1.inputs[0]]
-    while x.block == 0:
+    while graph.block_root(x) == root:
         x = graph[x.inputs[0]]
     return x
 
 
 def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node]) -> Macro:
     params = tuple(dict.fromkeys(i for n in ns for i in n.inputs if graph[i].is_param))
-    linears = tuple(n.name for n in ns if n.op == "linear")
+    # the macro's own projections (a block's single projections, VACE's proj_in/proj_out, are glue)
+    linears = tuple(n.name for n in ns if n.op == "linear" and (n.module + ".").startswith(module + "."))
     packed = tuple(
         p
         for lin in linears
@@ -338,6 +458,27 @@ def strategies(
                     why.append(Exclusion(s.name, bad))
                 else:
                     out.append(s)
+    return out, why
+
+
+def family_strategies(
+    graph: Graph, macro: Macro, mesh: MeshSpec, tokens, **kwargs
+) -> tuple[list[Strategy], list[Exclusion]]:
+    """`strategies` of a macro; for a further family's macro (`Macro.parts`), the options every one of
+    its blocks has, each one strategy for all of them (parameters and constraints of every block)."""
+    if not macro.parts:
+        return strategies(graph, macro, mesh, tokens, **kwargs)
+    per = [strategies(graph, p, mesh, tokens, **kwargs) for p in macro.parts]
+    names = [s.name for s in per[0][0] if all(any(t.name == s.name for t in opts) for opts, _ in per[1:])]
+    why = list(dict.fromkeys(x for _, w in per for x in w))
+    why += [Exclusion(s.name, f"not legal in every block of {macro.family}") for s in per[0][0] if s.name not in names]
+    out = []
+    for name in names:
+        parts = [next(t for t in opts if t.name == name) for opts, _ in per]
+        params = {k: v for t in parts for k, v in t.params.items()}
+        forced = {k: v for t in parts for k, v in t.forced.items()}
+        guards = tuple(dict.fromkeys(g for t in parts for g in t.guards))
+        out.append(dc_replace(parts[0], params=params, forced=forced, guards=guards))
     return out, why
 
 

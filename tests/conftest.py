@@ -30,6 +30,7 @@ if str(ROOT) not in sys.path:
 # `slow` here so that `python -m pytest -m "not slow"` is a fast loop; CI (`.ci/run`) runs everything.
 # Node-id prefixes; a renamed test simply runs in the fast loop again.
 HEAVY = (
+    "tests/test_family_vace.py::test_vace_compiles_to_its_prediction",  # about 40 s per case (a compile)
     "tests/test_backend.py::test_dynamic_shapes_record_guards_and_replan_when_a_resolution_breaks_them",
     "tests/test_backend.py::test_without_a_plan_option_the_planner_plans",
     "tests/test_fold.py::test_qkv_packing_is_folded_once_with_its_tp_sharding_and_the_same_collectives",

@@ -190,6 +190,21 @@ def _pinned_decompositions() -> dict:
     return {layer_norm_decomposed: _pinned_layer_norm}
 
 
+def _surviving(graph: Graph, fx_nodes: dict, name: str) -> fx.Node:
+    """The lowered graph's node for `name`; a device-only move `legalize` dropped stands for its input."""
+    while name not in fx_nodes and graph[name].op == "to" and graph[name].inputs:
+        name = graph[name].inputs[0]
+    return fx_nodes[name]
+
+
+def _surviving_readers(graph: Graph, fx_nodes: dict, name: str) -> list[fx.Node]:
+    """The lowered graph's readers standing for reader `name`: itself, or, for a dropped device-only
+    move (VACE's ``control_hint.to(hidden_states.device)``), the ops that read the move."""
+    if name in fx_nodes or graph[name].op != "to":
+        return [fx_nodes[name]]
+    return [r for u in graph.users(name) for r in _surviving_readers(graph, fx_nodes, u.name)]
+
+
 def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> fx.GraphModule:
     """Return a copy of `gm` with a sharding-constraint call after every constrained op (in plan
     order where one op has several) and, for constraints on an op's input, a constrained copy of
@@ -211,13 +226,13 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
         node = by_location.get(c.location)
         if node is None:
             raise PlanError(f"plan constrains {c.location}, which this graph does not have; re-plan for this model")
-        target = fx_nodes[node.name]
         if c.input is not None:
-            value = fx_nodes[graph[node.inputs[c.input]].name]
-            copies.setdefault((value, tuple(c.spec)), []).append(target)
+            value = _surviving(graph, fx_nodes, graph[node.inputs[c.input]].name)
+            copies.setdefault((value, tuple(c.spec)), []).extend(_surviving_readers(graph, fx_nodes, node.name))
             if c.reason == READ_PIN_REASON:
                 weight_reads.add((value, tuple(c.spec)))
             continue
+        target = _surviving(graph, fx_nodes, node.name)
         if target.op == "call_function" and target.target in pinned and target not in last and c.reason in PIN_REASONS:
             target.target = pinned[target.target]
             target.kwargs = {**target.kwargs, "mesh_key": key, "spec": tuple(c.spec)}
