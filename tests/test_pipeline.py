@@ -75,9 +75,14 @@ def test_two_expert_pipeline_matches_eager_with_one_graph_one_fold_per_expert(tm
     (program,) = compilation(pipe).programs()
     # 2 calls x 2 switches = 4 parameter-set changes; folded once per expert
     assert program.fold is not None and program.fold.runs == 2 and program.fold.cached_sets() == 2
+    # one folder per expert, named as the pipeline's attribute, each with the (shared) plan and its weight sets
     plan = json.loads((tmp_path / "transformer" / "plan.json").read_text())
     jsonschema.validate(plan, json.loads((ROOT / "wancompile/schema/plan.schema.json").read_text()))
     assert plan["weight_sets"] == 2 and program.plan.weight_sets == 2
+    assert json.loads((tmp_path / "transformer_2" / "plan.json").read_text()) == plan
+    for expert in ("transformer", "transformer_2"):
+        assert "| weight sets | 2 resident per device" in (tmp_path / expert / "plan.md").read_text()
+        assert {"plan.html", "graph.json", "summary.txt"} <= {f.name for f in (tmp_path / expert).iterdir()}
     assert json.loads((tmp_path / "vae" / "plan.json").read_text())["weight_sets"] == 1
 
 
@@ -101,6 +106,7 @@ def test_wan21_style_pipeline_auto_plan_budgets_one_weight_set(tmp_path):
     (program,) = compilation(pipe).programs()
     assert program.plan.weight_sets == 1 and program.plan.solver.status in ("OPTIMAL", "FEASIBLE")
     assert json.loads((tmp_path / "transformer" / "plan.json").read_text())["weight_sets"] == 1
+    assert not (tmp_path / "transformer_2").exists()  # one expert, one folder
     assert program.fold is not None and program.fold.runs == 1
     wancompile.restore_pipeline(pipe)
     assert type(pipe.transformer).__name__ == "WanTransformer3DModel"

@@ -1,4 +1,7 @@
-"""One call to compile a diffusers `WanPipeline`: its transformer(s) and its VAE decode.
+"""One call to compile a diffusers Wan pipeline: its transformer(s) and its VAE decode.
+
+`PIPELINES` lists the pipelines it takes: `WanPipeline` (text-to-video), `WanImageToVideoPipeline` (Wan 2.1
+with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`; each by the attributes of its DiTs.
 
     import wancompile
     wancompile.compile_pipeline(pipe, mesh="2x4")            # then call pipe(...) as usual
@@ -36,6 +39,14 @@ import torch
 log = logging.getLogger("wancompile")
 
 TRANSFORMERS = ("transformer", "transformer_2")
+# The diffusers pipelines `compile_pipeline` takes (by class name, matched along the MRO) -> the attributes
+# holding their DiTs, in the order they are compiled; the first one's folder holds the backend's DiT dumps.
+# A pipeline whose denoising loop calls its transformer(s) through these attributes needs only a row here.
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "WanPipeline": TRANSFORMERS,  # text-to-video, Wan 2.1 (one DiT) and Wan 2.2 (two experts)
+    "WanImageToVideoPipeline": TRANSFORMERS,  # Wan 2.1 I2V (image encoder) and Wan 2.2 I2V (two experts)
+    "WanVideoToVideoPipeline": ("transformer",),
+}
 DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
 
@@ -52,6 +63,7 @@ class PipelineCompilation:
     vae_before: Optional[tuple[bool, Optional[int]]] = field(default=None, repr=False)  # (full-T on, its t_chunk)
     cfg: Optional["_CFGState"] = field(default=None, repr=False)
     decode: Any = field(default=None, repr=False)  # the compiled decode installed on pipe.vae
+    dumps: Optional["_ExpertDumps"] = field(default=None, repr=False)  # dump_dir: one folder per expert
 
     before: list = field(default_factory=list, repr=False)  # the backend's recent programs when compiled
 
@@ -83,7 +95,8 @@ def compile_pipeline(
     """Compile `pipe`'s transformer(s) and VAE decode with ``backend="wan_autoshard"``; returns `pipe`.
 
     Args:
-        pipe: a diffusers `WanPipeline` (Wan 2.1 style, or Wan 2.2 with ``transformer_2``).
+        pipe: a diffusers `WanPipeline` (Wan 2.1 style, or Wan 2.2 with ``transformer_2``), or another
+            pipeline of `PIPELINES` (image-to-video, video-to-video).
         mesh, hardware, memory_gb: the backend options of those names, for every component.
         vae: "auto" (full-T if it fits the memory budget, else chunked-T with the budget's chunk size),
             "full" (full-T), an int k (chunked-T, k latent frames per chunk), or None/False (leave the
@@ -92,8 +105,10 @@ def compile_pipeline(
             cond + uncond forwards as one batch-2 forward (`CFGBatched`) with the batch split over a mesh
             axis (the backend's ``cfg_parallel="on"``, `planner.cfg`); "auto": batched, and the cost
             model chooses between the split and the whole mesh (about two sequential forwards' work).
-        dump_dir: decision dumps under ``dump_dir/transformer`` (the experts' shared graph) and
-            ``dump_dir/vae``.
+        dump_dir: decision dumps (plan.json, plan.md, plan.html, graph.json, summary.txt) in one folder per
+            component: ``dump_dir/transformer``, ``dump_dir/transformer_2`` (each expert's plan, written after
+            its first forward; the same plan where the experts share one graph) and ``dump_dir/vae``. The
+            DiT's HLO goes under ``dump_dir/transformer/hlo``.
         fullgraph: passed to `torch.compile` for the transformers (the Wan DiT captures in one graph).
         **options: further backend options (``rewrites``, ``verify``, ...) for every component; ``plan``
             and ``weight_sets`` (default: the number of transformers) go to the transformers only.
@@ -121,7 +136,7 @@ def compile_pipeline(
     if compilation(pipe) is not None:
         restore_pipeline(pipe)
 
-    names = tuple(n for n in TRANSFORMERS if getattr(pipe, n, None) is not None)
+    names = tuple(n for n in transformer_attributes(pipe) if getattr(pipe, n, None) is not None)
     opts = {k: v for k, v in dict(mesh=mesh, hardware=hardware, memory_gb=memory_gb).items() if v is not None}
     opts.update(options)
     from wancompile.options import Options
@@ -138,8 +153,9 @@ def compile_pipeline(
     dit_opts = dict(opts, weight_sets=opts.get("weight_sets", len(names)))
     if cfg_mode != "off":
         dit_opts["cfg_parallel"] = cfg_mode  # the batch-2 graph's split, costed by planner.cfg
-    if dump is not None:
-        dit_opts["dump_dir"] = str(dump / "transformer")
+    if dump is not None:  # the backend's dumps (plan, HLO) of the DiT graph(s); `_ExpertDumps` adds one per expert
+        dit_opts["dump_dir"] = str(dump / names[0] if names else dump / TRANSFORMERS[0])
+        state.dumps = _ExpertDumps(dump, state)
     if state.cfg_parallel:
         state.cfg = _CFGState(cfg_mode)
         _capture_negative_prompt(pipe, state.cfg)
@@ -147,6 +163,8 @@ def compile_pipeline(
         module = getattr(pipe, name)
         state.originals[name] = module
         compiled = torch.compile(module, backend="wan_autoshard", options=dit_opts, fullgraph=fullgraph)
+        if state.dumps is not None:
+            state.dumps.watch(name, compiled)
         setattr(pipe, name, CFGBatched(compiled, module, state.cfg) if state.cfg_parallel else compiled)
 
     if vae is not None:
@@ -177,6 +195,8 @@ def restore_pipeline(pipe):
         return pipe
     for name, module in state.originals.items():
         setattr(pipe, name, module)
+    if state.dumps is not None:
+        state.dumps.close()
     pipe.__dict__.pop("encode_prompt", None)
     if state.vae_before is not None:
         from wancompile.vae import disable_full_t, enable_full_t
@@ -189,15 +209,87 @@ def restore_pipeline(pipe):
     return pipe
 
 
+def transformer_attributes(pipe) -> tuple[str, ...]:
+    """The attributes of `pipe` that hold its DiT(s) (`PIPELINES`), or () for a pipeline not in the table."""
+    for cls in type(pipe).__mro__:
+        if cls.__name__ in PIPELINES:
+            return PIPELINES[cls.__name__]
+    return ()
+
+
 def _check_pipeline(pipe) -> None:
-    missing = [a for a in ("vae", "transformer", "encode_prompt") if not hasattr(pipe, a)]
-    if missing:
+    if not transformer_attributes(pipe):
         raise TypeError(
-            f"compile_pipeline expects a diffusers WanPipeline (with vae, transformer, transformer_2), "
-            f"got {type(pipe).__name__} without {', '.join(missing)}"
+            f"compile_pipeline expects a diffusers WanPipeline or another pipeline of wancompile.pipeline.PIPELINES "
+            f"({', '.join(PIPELINES)}), got {type(pipe).__name__}; compile its transformer with "
+            f"torch.compile(..., backend='wan_autoshard') instead"
         )
-    if all(getattr(pipe, n, None) is None for n in TRANSFORMERS) and getattr(pipe, "vae", None) is None:
-        raise ValueError("compile_pipeline: the pipeline has no transformer, transformer_2 or vae to compile")
+    missing = [a for a in ("vae", "encode_prompt") if not hasattr(pipe, a)]
+    if missing:
+        raise TypeError(f"compile_pipeline: the {type(pipe).__name__} has no {', '.join(missing)}")
+    if all(getattr(pipe, n, None) is None for n in transformer_attributes(pipe)) and getattr(pipe, "vae", None) is None:
+        raise ValueError(
+            f"compile_pipeline: the pipeline has no {', '.join(transformer_attributes(pipe))} or vae to compile"
+        )
+
+
+class _ExpertDumps:
+    """``dump_dir``: each expert's plan under ``dump_dir/<its attribute>``.
+
+    The transformers share one options dict (so the experts share one compiled graph), hence one backend
+    ``dump_dir``: the first expert's folder. Hooks on each compiled expert find the program that ran its
+    first forward (compiled during it, or the one whose parameter cache holds the expert's weights) and
+    write that program's dumps into the expert's folder; a later compile rewrites every expert's folder,
+    since the backend's dump of a new graph lands in the first expert's."""
+
+    def __init__(self, root: Path, state: PipelineCompilation) -> None:
+        self.root, self.state = root, state
+        self.programs: dict[str, Any] = {}  # expert attribute -> the program of its last dumped forward
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.handles: list = []
+        self._before: dict[str, set[int]] = {}  # expert -> ids of the programs before its forward
+        self.first = next(iter(state.transformers), None)  # whose folder is the backend's dump_dir
+
+    def watch(self, name: str, compiled: torch.nn.Module) -> None:
+        self.modules[name] = self.state.originals[name]
+        self.handles.append(compiled.register_forward_pre_hook(lambda *_: self._mark(name)))
+        self.handles.append(compiled.register_forward_hook(lambda *_: self._record(name)))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _mark(self, name: str) -> None:
+        self._before[name] = {id(p) for p in self.state.programs()}
+
+    def _record(self, name: str) -> None:
+        programs = self.state.programs()
+        before = self._before.pop(name, None)
+        new = [p for p in programs if before is not None and id(p) not in before]
+        if new:  # compiled during this forward: this expert's graph, which the backend dumped in `first`'s folder
+            self.programs[name] = new[-1]
+            for other, program in self.programs.items():
+                if not (other == self.first and program is new[-1]):
+                    self._write(other, program)
+        elif name not in self.programs and programs:
+            self.programs[name] = _program_holding(programs, self.modules[name])
+            self._write(name, self.programs[name])
+
+    def _write(self, name: str, program) -> None:
+        from wancompile.backend import _dump
+
+        _dump(self.root / name, program.graph, program.plan)
+
+
+def _program_holding(programs: list, module: torch.nn.Module):
+    """The program (newest first) whose parameter cache holds one of `module`'s parameters; else the newest."""
+    params = list(module.parameters())
+    for program in reversed(programs):
+        copies = program._cache._copies  # wancompile.lowering.ParamCache: id -> (weak ref, version, copy)
+        if any(id(p) in copies and copies[id(p)][0]() is p for p in params):
+            return program
+    return programs[-1]
 
 
 # --- the VAE decode ----------------------------------------------------------------------------------
