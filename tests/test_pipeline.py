@@ -148,8 +148,9 @@ def test_cfg_parallel_runs_the_guidance_pair_as_one_batch2_forward_with_the_same
 @pytest.mark.usefixtures("spmd")
 def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short():
     import wancompile
+    from wancompile.backend import recent_programs
     from wancompile.models import TINY_PIPELINE_VAE, build_tiny_pipeline
-    from wancompile.pipeline import compilation, resident_weight_bytes
+    from wancompile.pipeline import compilation, resident_weight_bytes, spatial_split
     from wancompile.vae import choose_t_chunk, decode_memory
 
     torch._dynamo.reset()
@@ -170,8 +171,15 @@ def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short
     state = compilation(pipe)
     resident = resident_weight_bytes(state.programs())
     assert resident == weights and state.programs()[-1].plan.sharded_params() == {}  # the plan replicates
-    (chosen,) = state.decode.t_chunks.values()
-    assert chosen is not None and chosen == choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident))
+    first = choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident))
+    assert first == 2  # the first decode: sized for the whole latent (no VAE plan yet)
+    # then sized again for the tile the first decode's VAE plan holds per device: here the plan of this tiny
+    # decode splits nothing spatially, so the chunk stays (tests/test_vae_budget.py: a spatial plan's larger chunk)
+    ((key, split),) = state.decode.splits.items()
+    vae_plan = [p for p in recent_programs() if p.plan.model == "wan-vae"][-1].plan
+    assert split == spatial_split(vae_plan) == (1, 1)
+    assert state.decode.t_chunks[key] == choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident), split=split)
+    assert state.decode.t_chunks[key] == first
 
 
 @pytest.mark.usefixtures("spmd")

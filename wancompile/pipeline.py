@@ -17,7 +17,8 @@ What it does to `pipe` (everything else, and diffusers' denoising loop, stays as
   entry per expert (`wancompile.fold`), so switching experts re-folds nothing.
 * ``pipe.vae.decode`` becomes the compiled full-T decode (`wancompile.enable_full_t`), chunked-T with
   ``vae=k``, or with ``vae="auto"`` full-T when the clip fits the memory budget and chunked-T with the
-  chunk size `wancompile.vae.choose_t_chunk` picks otherwise (see `_BudgetedDecode`).
+  chunk size `wancompile.vae.choose_t_chunk` picks otherwise, counting the VAE plan's spatial split once
+  it is planned (see `_BudgetedDecode`).
 * ``cfg_parallel=True`` (or "auto") wraps each transformer in `CFGBatched`: the classifier-free-guidance
   pair of one step (diffusers' ``cache_context("cond")`` call, then ``cache_context("uncond")``) runs as
   one batch-2 forward; the uncond call gets its cached half back. The backend's ``cfg_parallel`` option
@@ -311,12 +312,16 @@ class _BudgetedDecode:
     chunk size `choose_t_chunk` picks (then the compiled decode recompiles for that chunking).
 
     The budget is ``memory_gb`` (or the hardware profile's DRAM) less the transformers' weights per device
-    as their plans place them (they stay resident while the VAE decodes). The activation estimate takes
-    the whole latent (no spatial split assumed), so it errs towards smaller chunks."""
+    as their plans place them (they stay resident while the VAE decodes). The first decode of a shape is
+    sized for the whole latent on every device (no plan exists before it compiles); once its VAE plan is
+    made, the chunk is sized again for the tile of the activations that plan puts on each device
+    (`spatial_split`), so later decodes of that shape take larger chunks (or full-T) where the plan splits
+    H/W."""
 
     def __init__(self, vae, compiled, vae_opts: dict, state: PipelineCompilation) -> None:
         self.vae, self.compiled, self.opts, self.state = vae, compiled, vae_opts, state
         self.t_chunks: dict[tuple, Optional[int]] = {}  # latent shape -> t_chunk chosen
+        self.splits: dict[tuple, tuple[int, int]] = {}  # latent shape -> the plan's (H, W) split, once planned
 
     def budget_bytes(self) -> int:
         from planner.hardware import get_profile
@@ -337,23 +342,62 @@ class _BudgetedDecode:
             budget = float(get_profile(opts.hardware or default_hardware(mesh)).dram_bytes)
         return int(budget - resident_weight_bytes(self.state.programs()))
 
-    def __call__(self, z: torch.Tensor, return_dict: bool = True):
+    def choose(self, z: torch.Tensor, split: tuple[int, int] = (1, 1)) -> Optional[int]:
         from wancompile.vae import choose_t_chunk
+
+        return choose_t_chunk(
+            self.vae.config, tuple(z.shape), self.budget_bytes(), element_bytes=z.element_size(), split=split
+        )
+
+    def __call__(self, z: torch.Tensor, return_dict: bool = True):
+        from wancompile.backend import _RECENT
         from wancompile.vae.decode import _T_CHUNK_ATTR
 
         key = (tuple(z.shape), z.dtype)
         if key not in self.t_chunks:
-            self.t_chunks[key] = choose_t_chunk(
-                self.vae.config, tuple(z.shape), self.budget_bytes(), element_bytes=z.element_size()
-            )
-            log.info(
-                "compile_pipeline: VAE decode of latents %s: %s",
-                tuple(z.shape),
-                "full-T" if self.t_chunks[key] is None else f"chunked-T, {self.t_chunks[key]} frames per chunk",
-            )
+            self.t_chunks[key] = self.choose(z)
+            self._log(z, key, "the whole latent per device")
         if self.vae.__dict__[_T_CHUNK_ATTR] != self.t_chunks[key]:
             setattr(self.vae, _T_CHUNK_ATTR, self.t_chunks[key])
-        return self.compiled(z, return_dict=return_dict)
+        before = {id(p) for p in _RECENT}
+        out = self.compiled(z, return_dict=return_dict)
+        if key not in self.splits:
+            programs = [p for p in _RECENT if p.plan.model == "wan-vae"]
+            new = [p for p in programs if id(p) not in before] or programs[-1:]
+            if new:  # the plan(s) of this decode: the least split one bounds the chunk
+                self.splits[key] = min((spatial_split(p.plan) for p in new), key=lambda s: s[0] * s[1])
+                if self.splits[key] != (1, 1):
+                    self.t_chunks[key] = self.choose(z, self.splits[key])
+                    self._log(z, key, f"the plan's tile, H/W split {self.splits[key]}")
+        return out
+
+    def _log(self, z: torch.Tensor, key: tuple, sized: str) -> None:
+        chunk = self.t_chunks[key]
+        log.info(
+            "compile_pipeline: VAE decode of latents %s: %s (sized for %s)",
+            tuple(z.shape),
+            "full-T" if chunk is None else f"chunked-T, {chunk} frames per chunk",
+            sized,
+        )
+
+
+def spatial_split(plan) -> tuple[int, int]:
+    """(devices over H, devices over W) of the largest 5-D (B, C, T, H, W) activation a VAE plan constrains:
+    the split of the decoder's widest point; (1, 1) where the plan splits no activation spatially."""
+    import math
+
+    size = dict(zip(plan.mesh.axis_names, plan.mesh.shape))
+
+    def devices(entry) -> int:
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        return math.prod(size[a] for a in axes)
+
+    sized = [a for a in plan.activations if len(a.shape) == 5 and all(isinstance(d, int) for d in a.shape)]
+    if not sized:
+        return (1, 1)
+    widest = max(sized, key=lambda a: math.prod(a.shape))
+    spec = tuple(widest.spec) + (None,) * (5 - len(tuple(widest.spec)))
+    return devices(spec[3]), devices(spec[4])
 
 
 def resident_weight_bytes(programs) -> int:
