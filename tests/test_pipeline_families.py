@@ -1,8 +1,8 @@
 """The other Wan pipelines through `wancompile.compile_pipeline`: diffusers' real `WanImageToVideoPipeline`
-(Wan 2.1 style with a CLIP image encoder; Wan 2.2 style with two experts and no image encoder) and
-`WanVideoToVideoPipeline`, from the tiny components diffusers' own pipeline tests use
-(tests/pipelines/wan/test_wan_image_to_video.py, test_wan_22_image_to_video.py, test_wan_video_to_video.py),
-without text encoder (random prompt embeddings). Each compiled pipeline on 2x4 is judged against the same
+(Wan 2.1 style with a CLIP image encoder; Wan 2.2 style with two experts and no image encoder),
+`WanVideoToVideoPipeline` and `WanVACEPipeline`, from the tiny components diffusers' own pipeline tests use
+(tests/pipelines/wan/test_wan_image_to_video.py, test_wan_22_image_to_video.py, test_wan_video_to_video.py,
+test_wan_vace.py), without text encoder (random prompt embeddings). Each compiled pipeline on 2x4 is judged against the same
 pipeline run eagerly in fp32, frames in [0, 1]: PCC >= 0.99999, max-abs <= 1e-5 (seen: <= 2.7e-7).
 """
 
@@ -37,6 +37,8 @@ def _image(size: int = 32):
 
 def build(kind: str):
     """(pipeline, its call kwargs besides prompt embeddings, generator and steps)."""
+    from PIL import Image
+
     if kind == "i2v-wan2.1":  # image_dim: the DiT attends to the CLIP image tokens too
         from diffusers import WanImageToVideoPipeline
         from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
@@ -76,6 +78,19 @@ def build(kind: str):
 
         video = [Image.fromarray(np.asarray(_image()) // (i + 1)) for i in range(9)]
         return WanVideoToVideoPipeline(**_components(16)), dict(video=video, height=32, width=32, strength=0.8)
+    if kind == "vace":  # diffusers' tiny VACE DiT: 3 blocks, VACE context blocks at 0 and 2
+        from diffusers import WanVACEPipeline, WanVACETransformer3DModel
+
+        from wancompile.models import TINY_PIPELINE_TRANSFORMER
+
+        parts = _components(16)
+        torch.manual_seed(0)
+        parts["transformer"] = WanVACETransformer3DModel(
+            **dict(TINY_PIPELINE_TRANSFORMER, num_layers=3, vace_layers=[0, 2], vace_in_channels=96)
+        ).eval()
+        video = [Image.fromarray(np.asarray(_image()) // (i + 1)) for i in range(9)]
+        mask = [Image.new("L", (32, 32), 255 if i % 2 else 0) for i in range(9)]
+        return WanVACEPipeline(**parts), dict(video=video, mask=mask, height=32, width=32, num_frames=9)
     raise ValueError(kind)
 
 
@@ -98,7 +113,7 @@ def _run(pipe, kwargs, steps: int):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("spmd")
-@pytest.mark.parametrize("kind", ["i2v-wan2.1", "i2v-wan2.2", "v2v"])
+@pytest.mark.parametrize("kind", ["i2v-wan2.1", "i2v-wan2.2", "v2v", "vace"])
 def test_pipeline_matches_eager_on_2x4(kind, tmp_path):
     import wancompile
     from wancompile.pipeline import compilation
@@ -109,6 +124,7 @@ def test_pipeline_matches_eager_on_2x4(kind, tmp_path):
     pipe.set_progress_bar_config(disable=True)
     steps = 4 if kind == "i2v-wan2.2" else 2  # boundary 0.875: step 1 runs `transformer`, steps 2-4 `transformer_2`
     ref = _run(pipe, kwargs, steps)
+    original = pipe.transformer
     wancompile.compile_pipeline(pipe, mesh="2x4", dump_dir=tmp_path)
     frames = _run(pipe, kwargs, steps)
     result = numerics(frames, ref)
@@ -123,7 +139,7 @@ def test_pipeline_matches_eager_on_2x4(kind, tmp_path):
         assert json.loads((tmp_path / expert / "plan.json").read_text())["weight_sets"] == len(experts)
     assert (tmp_path / "vae" / "plan.json").exists()
     wancompile.restore_pipeline(pipe)
-    assert type(pipe.transformer).__name__ == "WanTransformer3DModel"
+    assert pipe.transformer is original
 
 
 def test_a_pipeline_outside_the_table_is_refused_with_the_table():

@@ -1,7 +1,8 @@
 """One call to compile a diffusers Wan pipeline: its transformer(s) and its VAE decode.
 
 `PIPELINES` lists the pipelines it takes: `WanPipeline` (text-to-video), `WanImageToVideoPipeline` (Wan 2.1
-with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`; each by the attributes of its DiTs.
+with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`, `WanVACEPipeline`; each by the
+attributes of its DiTs.
 
     import wancompile
     wancompile.compile_pipeline(pipe, mesh="2x4")            # then call pipe(...) as usual
@@ -47,6 +48,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "WanPipeline": TRANSFORMERS,  # text-to-video, Wan 2.1 (one DiT) and Wan 2.2 (two experts)
     "WanImageToVideoPipeline": TRANSFORMERS,  # Wan 2.1 I2V (image encoder) and Wan 2.2 I2V (two experts)
     "WanVideoToVideoPipeline": ("transformer",),
+    "WanVACEPipeline": TRANSFORMERS,  # WanVACETransformer3DModel(s): the DiT with VACE context blocks
 }
 DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
