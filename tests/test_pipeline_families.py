@@ -1,8 +1,9 @@
 """The other Wan pipelines through `wancompile.compile_pipeline`: diffusers' real `WanImageToVideoPipeline`
 (Wan 2.1 style with a CLIP image encoder; Wan 2.2 style with two experts and no image encoder),
-`WanVideoToVideoPipeline` and `WanVACEPipeline`, from the tiny components diffusers' own pipeline tests use
-(tests/pipelines/wan/test_wan_image_to_video.py, test_wan_22_image_to_video.py, test_wan_video_to_video.py,
-test_wan_vace.py), without text encoder (random prompt embeddings). Each compiled pipeline on 2x4 is judged against the same
+`WanVideoToVideoPipeline`, `WanVACEPipeline` and `WanAnimatePipeline`, from the tiny components diffusers' own
+pipeline tests use (tests/pipelines/wan/test_wan_image_to_video.py, test_wan_22_image_to_video.py,
+test_wan_video_to_video.py, test_wan_vace.py, test_wan_animate.py; Animate's motion encoder and face adapter
+made small here), without text encoder (random prompt embeddings). Each compiled pipeline on 2x4 is judged against the same
 pipeline run eagerly in fp32, frames in [0, 1]: PCC >= 0.99999, max-abs <= 1e-5 (seen: <= 2.7e-7).
 """
 
@@ -91,6 +92,43 @@ def build(kind: str):
         video = [Image.fromarray(np.asarray(_image()) // (i + 1)) for i in range(9)]
         mask = [Image.new("L", (32, 32), 255 if i % 2 else 0) for i in range(9)]
         return WanVACEPipeline(**parts), dict(video=video, mask=mask, height=32, width=32, num_frames=9)
+    if kind == "animate":  # diffusers' tiny Animate DiT (image_dim 4), a small motion encoder and face adapter
+        from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
+        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+        from wancompile.models import TINY_PIPELINE_TRANSFORMER
+
+        parts = _components(16)
+        torch.manual_seed(0)
+        parts["transformer"] = WanAnimateTransformer3DModel(
+            **dict(TINY_PIPELINE_TRANSFORMER, in_channels=36, image_dim=4),
+            motion_encoder_size=16,
+            motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
+            motion_style_dim=8,
+            motion_dim=4,
+            motion_encoder_dim=16,
+            face_encoder_hidden_dim=16,
+            face_encoder_num_heads=2,
+            inject_face_latents_blocks=2,
+        ).eval()
+        torch.manual_seed(0)
+        encoder = CLIPVisionModelWithProjection(
+            CLIPVisionConfig(
+                hidden_size=4,
+                projection_dim=4,
+                num_hidden_layers=2,
+                num_attention_heads=2,
+                image_size=4,
+                intermediate_size=16,
+                patch_size=1,
+            )
+        ).eval()
+        pipe = WanAnimatePipeline(
+            **parts, image_encoder=encoder, image_processor=CLIPImageProcessor(crop_size=4, size=4)
+        )
+        pose = [Image.fromarray(np.asarray(_image()) // (i + 1)) for i in range(9)]
+        face = [f.resize((16, 16)) for f in pose]
+        return pipe, dict(image=_image(), pose_video=pose, face_video=face, height=32, width=32, segment_frame_length=9)
     raise ValueError(kind)
 
 
@@ -113,7 +151,7 @@ def _run(pipe, kwargs, steps: int):
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("spmd")
-@pytest.mark.parametrize("kind", ["i2v-wan2.1", "i2v-wan2.2", "v2v", "vace"])
+@pytest.mark.parametrize("kind", ["i2v-wan2.1", "i2v-wan2.2", "v2v", "vace", "animate"])
 def test_pipeline_matches_eager_on_2x4(kind, tmp_path):
     import wancompile
     from wancompile.pipeline import compilation

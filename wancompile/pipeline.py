@@ -1,8 +1,8 @@
 """One call to compile a diffusers Wan pipeline: its transformer(s) and its VAE decode.
 
 `PIPELINES` lists the pipelines it takes: `WanPipeline` (text-to-video), `WanImageToVideoPipeline` (Wan 2.1
-with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`, `WanVACEPipeline`; each by the
-attributes of its DiTs.
+with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`, `WanVACEPipeline`, `WanAnimatePipeline`;
+each by the attributes of its DiTs.
 
     import wancompile
     wancompile.compile_pipeline(pipe, mesh="2x4")            # then call pipe(...) as usual
@@ -49,6 +49,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "WanImageToVideoPipeline": TRANSFORMERS,  # Wan 2.1 I2V (image encoder) and Wan 2.2 I2V (two experts)
     "WanVideoToVideoPipeline": ("transformer",),
     "WanVACEPipeline": TRANSFORMERS,  # WanVACETransformer3DModel(s): the DiT with VACE context blocks
+    "WanAnimatePipeline": ("transformer",),  # WanAnimateTransformer3DModel: motion encoder and face adapter
 }
 DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
