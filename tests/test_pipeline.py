@@ -112,6 +112,49 @@ def test_wan21_style_pipeline_auto_plan_budgets_one_weight_set(tmp_path):
     assert type(pipe.transformer).__name__ == "WanTransformer3DModel"
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("spmd")
+def test_experts_with_two_graphs_each_get_their_own_plan_in_their_own_folder(tmp_path):
+    """Experts of different widths compile two graphs; the backend dumps both into the first expert's folder,
+    and compile_pipeline puts each expert's plan back where its name says."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    import wancompile
+    from wancompile.models import TINY_PIPELINE_TRANSFORMER, build_tiny_pipeline
+    from wancompile.pipeline import compilation
+
+    torch._dynamo.reset()
+    base = build_tiny_pipeline(two_experts=False)
+    torch.manual_seed(1)
+    wide = WanTransformer3DModel(**dict(TINY_PIPELINE_TRANSFORMER, ffn_dim=48)).eval()
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        transformer=base.transformer,
+        vae=base.vae,
+        scheduler=base.scheduler,
+        transformer_2=wide,
+        boundary_ratio=0.875,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    ref = _run(pipe, "latent")
+    wancompile.compile_pipeline(pipe, mesh="2x4", vae=None, dump_dir=tmp_path)
+    _check(_run(pipe, "latent"), ref, LATENTS_MAX_ABS)
+    programs = compilation(pipe).programs()
+    assert len(programs) == 2  # step 1 compiles `transformer`'s graph, step 2 `transformer_2`'s
+
+    def ffn_width(expert: str) -> int:
+        graph = json.loads((tmp_path / expert / "graph.json").read_text())
+        (width,) = {
+            tuple(n["outputs"][0]["shape"])[0]
+            for n in graph["nodes"]
+            if n.get("param") == "blocks.0.ffn.net.0.proj.weight"
+        }
+        return width
+
+    assert (ffn_width("transformer"), ffn_width("transformer_2")) == (32, 48)
+
+
 @pytest.mark.usefixtures("spmd")
 def test_cfg_parallel_runs_the_guidance_pair_as_one_batch2_forward_with_the_same_numbers():
     import wancompile
