@@ -100,7 +100,7 @@ def compile_pipeline(
 
     Args:
         pipe: a diffusers `WanPipeline` (Wan 2.1 style, or Wan 2.2 with ``transformer_2``), or another
-            pipeline of `PIPELINES` (image-to-video, video-to-video).
+            pipeline of `PIPELINES` (image-to-video, video-to-video, VACE, Animate).
         mesh, hardware, memory_gb: the backend options of those names, for every component.
         vae: "auto" (full-T if it fits the memory budget, else chunked-T with the budget's chunk size),
             "full" (full-T), an int k (chunked-T, k latent frames per chunk), or None/False (leave the
