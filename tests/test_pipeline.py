@@ -75,9 +75,14 @@ def test_two_expert_pipeline_matches_eager_with_one_graph_one_fold_per_expert(tm
     (program,) = compilation(pipe).programs()
     # 2 calls x 2 switches = 4 parameter-set changes; folded once per expert
     assert program.fold is not None and program.fold.runs == 2 and program.fold.cached_sets() == 2
+    # one folder per expert, named as the pipeline's attribute, each with the (shared) plan and its weight sets
     plan = json.loads((tmp_path / "transformer" / "plan.json").read_text())
     jsonschema.validate(plan, json.loads((ROOT / "wancompile/schema/plan.schema.json").read_text()))
     assert plan["weight_sets"] == 2 and program.plan.weight_sets == 2
+    assert json.loads((tmp_path / "transformer_2" / "plan.json").read_text()) == plan
+    for expert in ("transformer", "transformer_2"):
+        assert "| weight sets | 2 resident per device" in (tmp_path / expert / "plan.md").read_text()
+        assert {"plan.html", "graph.json", "summary.txt"} <= {f.name for f in (tmp_path / expert).iterdir()}
     assert json.loads((tmp_path / "vae" / "plan.json").read_text())["weight_sets"] == 1
 
 
@@ -101,9 +106,53 @@ def test_wan21_style_pipeline_auto_plan_budgets_one_weight_set(tmp_path):
     (program,) = compilation(pipe).programs()
     assert program.plan.weight_sets == 1 and program.plan.solver.status in ("OPTIMAL", "FEASIBLE")
     assert json.loads((tmp_path / "transformer" / "plan.json").read_text())["weight_sets"] == 1
+    assert not (tmp_path / "transformer_2").exists()  # one expert, one folder
     assert program.fold is not None and program.fold.runs == 1
     wancompile.restore_pipeline(pipe)
     assert type(pipe.transformer).__name__ == "WanTransformer3DModel"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("spmd")
+def test_experts_with_two_graphs_each_get_their_own_plan_in_their_own_folder(tmp_path):
+    """Experts of different widths compile two graphs; the backend dumps both into the first expert's folder,
+    and compile_pipeline puts each expert's plan back where its name says."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    import wancompile
+    from wancompile.models import TINY_PIPELINE_TRANSFORMER, build_tiny_pipeline
+    from wancompile.pipeline import compilation
+
+    torch._dynamo.reset()
+    base = build_tiny_pipeline(two_experts=False)
+    torch.manual_seed(1)
+    wide = WanTransformer3DModel(**dict(TINY_PIPELINE_TRANSFORMER, ffn_dim=48)).eval()
+    pipe = WanPipeline(
+        tokenizer=None,
+        text_encoder=None,
+        transformer=base.transformer,
+        vae=base.vae,
+        scheduler=base.scheduler,
+        transformer_2=wide,
+        boundary_ratio=0.875,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    ref = _run(pipe, "latent")
+    wancompile.compile_pipeline(pipe, mesh="2x4", vae=None, dump_dir=tmp_path)
+    _check(_run(pipe, "latent"), ref, LATENTS_MAX_ABS)
+    programs = compilation(pipe).programs()
+    assert len(programs) == 2  # step 1 compiles `transformer`'s graph, step 2 `transformer_2`'s
+
+    def ffn_width(expert: str) -> int:
+        graph = json.loads((tmp_path / expert / "graph.json").read_text())
+        (width,) = {
+            tuple(n["outputs"][0]["shape"])[0]
+            for n in graph["nodes"]
+            if n.get("param") == "blocks.0.ffn.net.0.proj.weight"
+        }
+        return width
+
+    assert (ffn_width("transformer"), ffn_width("transformer_2")) == (32, 48)
 
 
 @pytest.mark.usefixtures("spmd")
@@ -142,8 +191,9 @@ def test_cfg_parallel_runs_the_guidance_pair_as_one_batch2_forward_with_the_same
 @pytest.mark.usefixtures("spmd")
 def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short():
     import wancompile
+    from wancompile.backend import recent_programs
     from wancompile.models import TINY_PIPELINE_VAE, build_tiny_pipeline
-    from wancompile.pipeline import compilation, resident_weight_bytes
+    from wancompile.pipeline import compilation, resident_weight_bytes, spatial_split
     from wancompile.vae import choose_t_chunk, decode_memory
 
     torch._dynamo.reset()
@@ -164,8 +214,15 @@ def test_vae_auto_decodes_chunked_t_when_the_budget_left_by_the_experts_is_short
     state = compilation(pipe)
     resident = resident_weight_bytes(state.programs())
     assert resident == weights and state.programs()[-1].plan.sharded_params() == {}  # the plan replicates
-    (chosen,) = state.decode.t_chunks.values()
-    assert chosen is not None and chosen == choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident))
+    first = choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident))
+    assert first == 2  # the first decode: sized for the whole latent (no VAE plan yet)
+    # then sized again for the tile the first decode's VAE plan holds per device: here the plan of this tiny
+    # decode splits nothing spatially, so the chunk stays (tests/test_vae_budget.py: a spatial plan's larger chunk)
+    ((key, split),) = state.decode.splits.items()
+    vae_plan = [p for p in recent_programs() if p.plan.model == "wan-vae"][-1].plan
+    assert split == spatial_split(vae_plan) == (1, 1)
+    assert state.decode.t_chunks[key] == choose_t_chunk(TINY_PIPELINE_VAE, latent, int(budget - resident), split=split)
+    assert state.decode.t_chunks[key] == first
 
 
 @pytest.mark.usefixtures("spmd")

@@ -121,6 +121,7 @@ def test_auto_plan_md_golden(auto_dir):
 | predicted per forward | 0.478 ms = compute 0.324 ms (68 %) + comm 0.154 ms (32 %), no overlap assumed |
 | roofline | 3.97 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0443 us, so compute is 7311.0x its FLOP bound (memory-bound ops and launch floors make up the rest) |
 | memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
+| weight sets | 1 resident per device (the memory budget holds 1x the weights) |
 | parallelism | SP: tokens over batch (2); TP: none in self-attention |
 | collectives per block | 7 big + 0 small (6 all-gather on batch, 1 all-reduce on model) |
 | parameters | 71 (17 sharded); 25 activation constraints |

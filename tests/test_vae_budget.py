@@ -98,3 +98,44 @@ def test_importing_wancompile_vae_loads_neither_torch_xla_nor_diffusers():
     code = "import sys, wancompile.vae; print(sorted({'torch_xla', 'diffusers'} & set(sys.modules)))"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("frames, t_chunk", [(5, None), (9, 4)], ids=["full-T", "k=4"])
+@pytest.mark.parametrize("name", ["tiny-wan2.1", "tiny-wan2.2"])
+def test_split_estimate_bounds_one_tile_s_measured_peak_within_2_5x(name, frames, t_chunk):
+    """With ``split=(2, 4)`` the estimate is one device's share: the decode of one tile of the latent
+    (ceil(8/2) x ceil(12/4)), which it bounds with the tiles' halos counted."""
+    vae = build_vae(name)
+    shape, split = (1, vae.config.z_dim, frames, 8, 12), (2, 4)
+    tile = torch.randn(*shape[:3], math.ceil(8 / split[0]), math.ceil(12 / split[1]))
+    wvae.enable_full_t(vae, t_chunk)
+    with torch.no_grad(), PeakLiveBytes() as measured:
+        vae.decode(tile)
+    estimate = wvae.decode_memory(vae.config, shape, split=split).peak(t_chunk)
+    assert measured.peak <= estimate <= 2.5 * measured.peak
+    assert estimate < wvae.decode_memory(vae.config, shape).peak(t_chunk) / 2
+
+
+def test_a_spatially_split_plan_gets_larger_chunks_that_still_fit():
+    """`vae="auto"` sizes the chunk for the tile a spatial VAE plan leaves on each device
+    (`wancompile.pipeline.spatial_split`), so the chunk grows with the split and still fits the budget."""
+    from planner.mesh import parse_mesh
+    from planner.vae_plan import plan_vae
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.pipeline import spatial_split
+    from wancompile.vae.legalize import fold_conv_padding
+
+    vae = wvae.enable_full_t(build_vae("tiny-wan2.1"))
+    gm = fold_conv_padding(capture_fx(vae.decode, torch.randn(1, vae.config.z_dim, 3, 8, 8)))[0]
+    graph = annotate(gm, model="tiny-wan2.1")
+    split = spatial_split(plan_vae(graph, parse_mesh("2x4"), "wh-loudbox", preset="spatial"))
+    assert split[0] * split[1] == 8
+    assert spatial_split(plan_vae(graph, parse_mesh("2x4"), "wh-loudbox", preset="replicated")) == (1, 1)
+
+    config, shape = VAE_CONFIGS["wan2.1"], (1, 16, 21, 90, 160)
+    for budget_gib in (12, 24, 48):
+        budget = budget_gib * GiB
+        whole = wvae.choose_t_chunk(config, shape, budget, element_bytes=2)
+        tiled = wvae.choose_t_chunk(config, shape, budget, element_bytes=2, split=split)
+        assert whole is not None and (tiled is None or tiled > whole), (budget_gib, whole, tiled)
+        assert wvae.decode_memory(config, shape, element_bytes=2, split=split).peak(tiled) <= budget

@@ -1,4 +1,8 @@
-"""One call to compile a diffusers `WanPipeline`: its transformer(s) and its VAE decode.
+"""One call to compile a diffusers Wan pipeline: its transformer(s) and its VAE decode.
+
+`PIPELINES` lists the pipelines it takes: `WanPipeline` (text-to-video), `WanImageToVideoPipeline` (Wan 2.1
+with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`, `WanVACEPipeline`, `WanAnimatePipeline`;
+each by the attributes of its DiTs.
 
     import wancompile
     wancompile.compile_pipeline(pipe, mesh="2x4")            # then call pipe(...) as usual
@@ -14,7 +18,8 @@ What it does to `pipe` (everything else, and diffusers' denoising loop, stays as
   entry per expert (`wancompile.fold`), so switching experts re-folds nothing.
 * ``pipe.vae.decode`` becomes the compiled full-T decode (`wancompile.enable_full_t`), chunked-T with
   ``vae=k``, or with ``vae="auto"`` full-T when the clip fits the memory budget and chunked-T with the
-  chunk size `wancompile.vae.choose_t_chunk` picks otherwise (see `_BudgetedDecode`).
+  chunk size `wancompile.vae.choose_t_chunk` picks otherwise, counting the VAE plan's spatial split once
+  it is planned (see `_BudgetedDecode`).
 * ``cfg_parallel=True`` (or "auto") wraps each transformer in `CFGBatched`: the classifier-free-guidance
   pair of one step (diffusers' ``cache_context("cond")`` call, then ``cache_context("uncond")``) runs as
   one batch-2 forward; the uncond call gets its cached half back. The backend's ``cfg_parallel`` option
@@ -36,6 +41,16 @@ import torch
 log = logging.getLogger("wancompile")
 
 TRANSFORMERS = ("transformer", "transformer_2")
+# The diffusers pipelines `compile_pipeline` takes (by class name, matched along the MRO) -> the attributes
+# holding their DiTs, in the order they are compiled; the first one's folder holds the backend's DiT dumps.
+# A pipeline whose denoising loop calls its transformer(s) through these attributes needs only a row here.
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "WanPipeline": TRANSFORMERS,  # text-to-video, Wan 2.1 (one DiT) and Wan 2.2 (two experts)
+    "WanImageToVideoPipeline": TRANSFORMERS,  # Wan 2.1 I2V (image encoder) and Wan 2.2 I2V (two experts)
+    "WanVideoToVideoPipeline": ("transformer",),
+    "WanVACEPipeline": TRANSFORMERS,  # WanVACETransformer3DModel(s): the DiT with VACE context blocks
+    "WanAnimatePipeline": ("transformer",),  # WanAnimateTransformer3DModel: motion encoder and face adapter
+}
 DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
 
@@ -52,6 +67,7 @@ class PipelineCompilation:
     vae_before: Optional[tuple[bool, Optional[int]]] = field(default=None, repr=False)  # (full-T on, its t_chunk)
     cfg: Optional["_CFGState"] = field(default=None, repr=False)
     decode: Any = field(default=None, repr=False)  # the compiled decode installed on pipe.vae
+    dumps: Optional["_ExpertDumps"] = field(default=None, repr=False)  # dump_dir: one folder per expert
 
     before: list = field(default_factory=list, repr=False)  # the backend's recent programs when compiled
 
@@ -83,7 +99,8 @@ def compile_pipeline(
     """Compile `pipe`'s transformer(s) and VAE decode with ``backend="wan_autoshard"``; returns `pipe`.
 
     Args:
-        pipe: a diffusers `WanPipeline` (Wan 2.1 style, or Wan 2.2 with ``transformer_2``).
+        pipe: a diffusers `WanPipeline` (Wan 2.1 style, or Wan 2.2 with ``transformer_2``), or another
+            pipeline of `PIPELINES` (image-to-video, video-to-video, VACE, Animate).
         mesh, hardware, memory_gb: the backend options of those names, for every component.
         vae: "auto" (full-T if it fits the memory budget, else chunked-T with the budget's chunk size),
             "full" (full-T), an int k (chunked-T, k latent frames per chunk), or None/False (leave the
@@ -92,8 +109,10 @@ def compile_pipeline(
             cond + uncond forwards as one batch-2 forward (`CFGBatched`) with the batch split over a mesh
             axis (the backend's ``cfg_parallel="on"``, `planner.cfg`); "auto": batched, and the cost
             model chooses between the split and the whole mesh (about two sequential forwards' work).
-        dump_dir: decision dumps under ``dump_dir/transformer`` (the experts' shared graph) and
-            ``dump_dir/vae``.
+        dump_dir: decision dumps (plan.json, plan.md, plan.html, graph.json, summary.txt) in one folder per
+            component: ``dump_dir/transformer``, ``dump_dir/transformer_2`` (each expert's plan, written after
+            its first forward; the same plan where the experts share one graph) and ``dump_dir/vae``. The
+            DiT's HLO goes under ``dump_dir/transformer/hlo``.
         fullgraph: passed to `torch.compile` for the transformers (the Wan DiT captures in one graph).
         **options: further backend options (``rewrites``, ``verify``, ...) for every component; ``plan``
             and ``weight_sets`` (default: the number of transformers) go to the transformers only.
@@ -121,7 +140,7 @@ def compile_pipeline(
     if compilation(pipe) is not None:
         restore_pipeline(pipe)
 
-    names = tuple(n for n in TRANSFORMERS if getattr(pipe, n, None) is not None)
+    names = tuple(n for n in transformer_attributes(pipe) if getattr(pipe, n, None) is not None)
     opts = {k: v for k, v in dict(mesh=mesh, hardware=hardware, memory_gb=memory_gb).items() if v is not None}
     opts.update(options)
     from wancompile.options import Options
@@ -138,8 +157,9 @@ def compile_pipeline(
     dit_opts = dict(opts, weight_sets=opts.get("weight_sets", len(names)))
     if cfg_mode != "off":
         dit_opts["cfg_parallel"] = cfg_mode  # the batch-2 graph's split, costed by planner.cfg
-    if dump is not None:
-        dit_opts["dump_dir"] = str(dump / "transformer")
+    if dump is not None:  # the backend's dumps (plan, HLO) of the DiT graph(s); `_ExpertDumps` adds one per expert
+        dit_opts["dump_dir"] = str(dump / names[0] if names else dump / TRANSFORMERS[0])
+        state.dumps = _ExpertDumps(dump, state)
     if state.cfg_parallel:
         state.cfg = _CFGState(cfg_mode)
         _capture_negative_prompt(pipe, state.cfg)
@@ -147,6 +167,8 @@ def compile_pipeline(
         module = getattr(pipe, name)
         state.originals[name] = module
         compiled = torch.compile(module, backend="wan_autoshard", options=dit_opts, fullgraph=fullgraph)
+        if state.dumps is not None:
+            state.dumps.watch(name, compiled)
         setattr(pipe, name, CFGBatched(compiled, module, state.cfg) if state.cfg_parallel else compiled)
 
     if vae is not None:
@@ -177,6 +199,8 @@ def restore_pipeline(pipe):
         return pipe
     for name, module in state.originals.items():
         setattr(pipe, name, module)
+    if state.dumps is not None:
+        state.dumps.close()
     pipe.__dict__.pop("encode_prompt", None)
     if state.vae_before is not None:
         from wancompile.vae import disable_full_t, enable_full_t
@@ -189,15 +213,87 @@ def restore_pipeline(pipe):
     return pipe
 
 
+def transformer_attributes(pipe) -> tuple[str, ...]:
+    """The attributes of `pipe` that hold its DiT(s) (`PIPELINES`), or () for a pipeline not in the table."""
+    for cls in type(pipe).__mro__:
+        if cls.__name__ in PIPELINES:
+            return PIPELINES[cls.__name__]
+    return ()
+
+
 def _check_pipeline(pipe) -> None:
-    missing = [a for a in ("vae", "transformer", "encode_prompt") if not hasattr(pipe, a)]
-    if missing:
+    if not transformer_attributes(pipe):
         raise TypeError(
-            f"compile_pipeline expects a diffusers WanPipeline (with vae, transformer, transformer_2), "
-            f"got {type(pipe).__name__} without {', '.join(missing)}"
+            f"compile_pipeline expects a diffusers WanPipeline or another pipeline of wancompile.pipeline.PIPELINES "
+            f"({', '.join(PIPELINES)}), got {type(pipe).__name__}; compile its transformer with "
+            f"torch.compile(..., backend='wan_autoshard') instead"
         )
-    if all(getattr(pipe, n, None) is None for n in TRANSFORMERS) and getattr(pipe, "vae", None) is None:
-        raise ValueError("compile_pipeline: the pipeline has no transformer, transformer_2 or vae to compile")
+    missing = [a for a in ("vae", "encode_prompt") if not hasattr(pipe, a)]
+    if missing:
+        raise TypeError(f"compile_pipeline: the {type(pipe).__name__} has no {', '.join(missing)}")
+    if all(getattr(pipe, n, None) is None for n in transformer_attributes(pipe)) and getattr(pipe, "vae", None) is None:
+        raise ValueError(
+            f"compile_pipeline: the pipeline has no {', '.join(transformer_attributes(pipe))} or vae to compile"
+        )
+
+
+class _ExpertDumps:
+    """``dump_dir``: each expert's plan under ``dump_dir/<its attribute>``.
+
+    The transformers share one options dict (so the experts share one compiled graph), hence one backend
+    ``dump_dir``: the first expert's folder. Hooks on each compiled expert find the program that ran its
+    first forward (compiled during it, or the one whose parameter cache holds the expert's weights) and
+    write that program's dumps into the expert's folder; a later compile rewrites every expert's folder,
+    since the backend's dump of a new graph lands in the first expert's."""
+
+    def __init__(self, root: Path, state: PipelineCompilation) -> None:
+        self.root, self.state = root, state
+        self.programs: dict[str, Any] = {}  # expert attribute -> the program of its last dumped forward
+        self.modules: dict[str, torch.nn.Module] = {}
+        self.handles: list = []
+        self._before: dict[str, set[int]] = {}  # expert -> ids of the programs before its forward
+        self.first = next(iter(state.transformers), None)  # whose folder is the backend's dump_dir
+
+    def watch(self, name: str, compiled: torch.nn.Module) -> None:
+        self.modules[name] = self.state.originals[name]
+        self.handles.append(compiled.register_forward_pre_hook(lambda *_: self._mark(name)))
+        self.handles.append(compiled.register_forward_hook(lambda *_: self._record(name)))
+
+    def close(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
+
+    def _mark(self, name: str) -> None:
+        self._before[name] = {id(p) for p in self.state.programs()}
+
+    def _record(self, name: str) -> None:
+        programs = self.state.programs()
+        before = self._before.pop(name, None)
+        new = [p for p in programs if before is not None and id(p) not in before]
+        if new:  # compiled during this forward: this expert's graph, which the backend dumped in `first`'s folder
+            self.programs[name] = new[-1]
+            for other, program in self.programs.items():
+                if not (other == self.first and program is new[-1]):
+                    self._write(other, program)
+        elif name not in self.programs and programs:
+            self.programs[name] = _program_holding(programs, self.modules[name])
+            self._write(name, self.programs[name])
+
+    def _write(self, name: str, program) -> None:
+        from wancompile.backend import _dump
+
+        _dump(self.root / name, program.graph, program.plan)
+
+
+def _program_holding(programs: list, module: torch.nn.Module):
+    """The program (newest first) whose parameter cache holds one of `module`'s parameters; else the newest."""
+    params = list(module.parameters())
+    for program in reversed(programs):
+        copies = program._cache._copies  # wancompile.lowering.ParamCache: id -> (weak ref, version, copy)
+        if any(id(p) in copies and copies[id(p)][0]() is p for p in params):
+            return program
+    return programs[-1]
 
 
 # --- the VAE decode ----------------------------------------------------------------------------------
@@ -219,12 +315,16 @@ class _BudgetedDecode:
     chunk size `choose_t_chunk` picks (then the compiled decode recompiles for that chunking).
 
     The budget is ``memory_gb`` (or the hardware profile's DRAM) less the transformers' weights per device
-    as their plans place them (they stay resident while the VAE decodes). The activation estimate takes
-    the whole latent (no spatial split assumed), so it errs towards smaller chunks."""
+    as their plans place them (they stay resident while the VAE decodes). The first decode of a shape is
+    sized for the whole latent on every device (no plan exists before it compiles); once its VAE plan is
+    made, the chunk is sized again for the tile of the activations that plan puts on each device
+    (`spatial_split`), so later decodes of that shape take larger chunks (or full-T) where the plan splits
+    H/W."""
 
     def __init__(self, vae, compiled, vae_opts: dict, state: PipelineCompilation) -> None:
         self.vae, self.compiled, self.opts, self.state = vae, compiled, vae_opts, state
         self.t_chunks: dict[tuple, Optional[int]] = {}  # latent shape -> t_chunk chosen
+        self.splits: dict[tuple, tuple[int, int]] = {}  # latent shape -> the plan's (H, W) split, once planned
 
     def budget_bytes(self) -> int:
         from planner.hardware import get_profile
@@ -245,23 +345,62 @@ class _BudgetedDecode:
             budget = float(get_profile(opts.hardware or default_hardware(mesh)).dram_bytes)
         return int(budget - resident_weight_bytes(self.state.programs()))
 
-    def __call__(self, z: torch.Tensor, return_dict: bool = True):
+    def choose(self, z: torch.Tensor, split: tuple[int, int] = (1, 1)) -> Optional[int]:
         from wancompile.vae import choose_t_chunk
+
+        return choose_t_chunk(
+            self.vae.config, tuple(z.shape), self.budget_bytes(), element_bytes=z.element_size(), split=split
+        )
+
+    def __call__(self, z: torch.Tensor, return_dict: bool = True):
+        from wancompile.backend import _RECENT
         from wancompile.vae.decode import _T_CHUNK_ATTR
 
         key = (tuple(z.shape), z.dtype)
         if key not in self.t_chunks:
-            self.t_chunks[key] = choose_t_chunk(
-                self.vae.config, tuple(z.shape), self.budget_bytes(), element_bytes=z.element_size()
-            )
-            log.info(
-                "compile_pipeline: VAE decode of latents %s: %s",
-                tuple(z.shape),
-                "full-T" if self.t_chunks[key] is None else f"chunked-T, {self.t_chunks[key]} frames per chunk",
-            )
+            self.t_chunks[key] = self.choose(z)
+            self._log(z, key, "the whole latent per device")
         if self.vae.__dict__[_T_CHUNK_ATTR] != self.t_chunks[key]:
             setattr(self.vae, _T_CHUNK_ATTR, self.t_chunks[key])
-        return self.compiled(z, return_dict=return_dict)
+        before = {id(p) for p in _RECENT}
+        out = self.compiled(z, return_dict=return_dict)
+        if key not in self.splits:
+            programs = [p for p in _RECENT if p.plan.model == "wan-vae"]
+            new = [p for p in programs if id(p) not in before] or programs[-1:]
+            if new:  # the plan(s) of this decode: the least split one bounds the chunk
+                self.splits[key] = min((spatial_split(p.plan) for p in new), key=lambda s: s[0] * s[1])
+                if self.splits[key] != (1, 1):
+                    self.t_chunks[key] = self.choose(z, self.splits[key])
+                    self._log(z, key, f"the plan's tile, H/W split {self.splits[key]}")
+        return out
+
+    def _log(self, z: torch.Tensor, key: tuple, sized: str) -> None:
+        chunk = self.t_chunks[key]
+        log.info(
+            "compile_pipeline: VAE decode of latents %s: %s (sized for %s)",
+            tuple(z.shape),
+            "full-T" if chunk is None else f"chunked-T, {chunk} frames per chunk",
+            sized,
+        )
+
+
+def spatial_split(plan) -> tuple[int, int]:
+    """(devices over H, devices over W) of the largest 5-D (B, C, T, H, W) activation a VAE plan constrains:
+    the split of the decoder's widest point; (1, 1) where the plan splits no activation spatially."""
+    import math
+
+    size = dict(zip(plan.mesh.axis_names, plan.mesh.shape))
+
+    def devices(entry) -> int:
+        axes = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+        return math.prod(size[a] for a in axes)
+
+    sized = [a for a in plan.activations if len(a.shape) == 5 and all(isinstance(d, int) for d in a.shape)]
+    if not sized:
+        return (1, 1)
+    widest = max(sized, key=lambda a: math.prod(a.shape))
+    spec = tuple(widest.spec) + (None,) * (5 - len(tuple(widest.spec)))
+    return devices(spec[3]), devices(spec[4])
 
 
 def resident_weight_bytes(programs) -> int:

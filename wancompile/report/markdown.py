@@ -77,6 +77,14 @@ def header_rows(rep: Report) -> list[tuple[str, str]]:
                 f"{pr.memory_bytes_per_device / 1e9:.4g} GB{cap}: weights + 3× the largest live activation set",
             )
         )
+    if p.weight_sets is not None:
+        rows.append(
+            (
+                "weight sets",
+                f"{p.weight_sets} resident per device (the memory budget holds {p.weight_sets}× the weights"
+                + (", e.g. both Wan 2.2 experts)" if p.weight_sets > 1 else ")"),
+            )
+        )
     c = p.cfg_parallel
     if c is not None:
         how = (

@@ -13,6 +13,11 @@ torch_xla, so a planner can call it on a laptop. The estimate (docs/vae.md, "Cho
   both as the list of decoded chunks and as their concatenation (chunked-T).
 
 Full-T is one chunk of all T frames with no history.
+
+``split=(h, w)``: a spatially split plan (`planner.vae_plan`, ``spatial(H:a,W:b)``) holds on each device
+a tile of every activation, ceil(H/h) x ceil(W/w) rows and columns plus a halo row and column on each
+side (kernel-3 convs), so per_frame, history and output are that tile's; the mid-block attention's
+matrices stay whole (its input is gathered, the ``gather`` strategy).
 """
 
 from __future__ import annotations
@@ -39,6 +44,15 @@ class Stage:
 
     def elements(self, latent_hw: int) -> int:
         return self.channels * self.frames * self.scale**2 * latent_hw
+
+    def tile(self, height: int, width: int, split: tuple[int, int]) -> int:
+        """Pixels of one device's tile of this stage (H x W at `scale`, split `split`, with its halo)."""
+        return _part(self.scale * height, split[0]) * _part(self.scale * width, split[1])
+
+
+def _part(n: int, parts: int) -> int:
+    """Rows one device holds of `n` split `parts` ways: its share and a halo row on each side."""
+    return n if parts <= 1 else math.ceil(n / parts) + 2
 
 
 def decoder_stages(config: Mapping) -> list[Stage]:
@@ -83,32 +97,42 @@ class DecodeMemory:
         return min(t_chunk, max(self.frames - 1, 1)) * self.per_frame + self.history + self.output
 
 
-def decode_memory(config: Mapping, latent_shape: Sequence[int], *, element_bytes: int = 4) -> DecodeMemory:
-    """The estimate for decoding latents of `latent_shape` (B, C, T, H, W) with this VAE config."""
+def decode_memory(
+    config: Mapping, latent_shape: Sequence[int], *, element_bytes: int = 4, split: tuple[int, int] = (1, 1)
+) -> DecodeMemory:
+    """The estimate for decoding latents of `latent_shape` (B, C, T, H, W) with this VAE config, per device
+    of a plan that splits H over ``split[0]`` and W over ``split[1]`` devices (default: not split)."""
     batch, _, frames, height, width = latent_shape
     hw = height * width
     stages = decoder_stages(config)
-    widest = max(stage.elements(hw) for stage in stages)
-    attention = 2 * hw * hw  # scores and softmax of the mid-block's per-frame attention
+    tile = {s.name: s.tile(height, width, split) for s in stages}  # pixels per device, per stage
+    widest = max(s.channels * s.frames * tile[s.name] for s in stages)
+    attention = 2 * hw * hw  # scores and softmax of the mid-block's per-frame attention (gathered: whole)
     head = stages[-1]
     pixel_frames = 1 + head.frames * (frames - 1)
     return DecodeMemory(
         per_frame=batch * max(LIVE_ACTIVATIONS * widest, attention) * element_bytes,
-        history=batch * sum(CACHE_T * s.channels * s.scale**2 * hw * s.temporal_convs for s in stages) * element_bytes,
-        output=2 * batch * config.get("out_channels", 3) * pixel_frames * head.scale**2 * hw * element_bytes,
+        history=batch * sum(CACHE_T * s.channels * tile[s.name] * s.temporal_convs for s in stages) * element_bytes,
+        output=2 * batch * config.get("out_channels", 3) * pixel_frames * tile[head.name] * element_bytes,
         frames=frames,
     )
 
 
 def choose_t_chunk(
-    vae_config: Mapping, latent_shape: Sequence[int], memory_bytes: int, *, element_bytes: int = 4
+    vae_config: Mapping,
+    latent_shape: Sequence[int],
+    memory_bytes: int,
+    *,
+    element_bytes: int = 4,
+    split: tuple[int, int] = (1, 1),
 ) -> int | None:
     """`t_chunk` for `enable_full_t`: None if the whole clip fits in `memory_bytes`, else a chunk size.
 
     The chunk size is the fewest chunks that fit, made as even as possible (a shorter last chunk
-    costs one more compiled graph). Raises ValueError when even one latent frame does not fit.
+    costs one more compiled graph). `split`: the plan's spatial split (H, W), each device holding a tile.
+    Raises ValueError when even one latent frame does not fit.
     """
-    memory = decode_memory(vae_config, latent_shape, element_bytes=element_bytes)
+    memory = decode_memory(vae_config, latent_shape, element_bytes=element_bytes, split=split)
     if memory.peak(None) <= memory_bytes:
         return None
     most = (memory_bytes - memory.history - memory.output) // memory.per_frame
