@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     print("| family | case | budget GB | params sharded | PCC vs eager fp32 | max-abs | predicted == compiled |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        budget = "default" if r["memory_gb"] is None else f"{r['memory_gb']:.6f}"
+        budget = "default" if r["memory_gb"] is None else f"{r['memory_gb']:.6g}"
         print(
             f"| {r['family']} | {r['case']} | {budget} | {r['params_sharded']:.0%} | {r['pcc']:.7f} "
             f"| {r['max_abs']:.1e} | {'yes' if r['predicted_eq_compiled'] else 'NO'} ({r['collectives']}) |"

@@ -203,7 +203,12 @@ def evaluate(
                 str(graph[node.inputs[i]].location),
                 f"activation constraint on {node.inputs[i]} read by {node.op}",
             )
-            for kind, axes, shape in redistribute(metas[i], have, want, mesh, target):
+            moves = redistribute(metas[i], have, want, mesh, target)
+            if not moves:  # a slice of the copy: a reduction right before it and the slice are one reduce-scatter
+                held = forced if target is not None and not target.fuses_across_constraints else None
+                added = set(want.axes) - set(have.axes)
+                _scatter_reduction(graph, node, added, reduced, ev, mesh, hw, held, read=node.inputs[i])
+            for kind, axes, shape in moves:
                 charge(kind, axes, shape, metas[i].itemsize, where, why)
             ins[i] = want
         idx = graph.picks(node)
@@ -273,14 +278,18 @@ def evaluate(
 _PASS_THROUGH = ("dropout", "contiguous", "clone")
 
 
-def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw, held=None) -> None:
+def _scatter_reduction(
+    graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw, held=None, read: Optional[str] = None
+) -> None:
     """An all-reduce whose value's only consumer (past pass-throughs) is sliced over the same axes
     right after is a reduce-scatter: GSPMD emits the pair, the compilers fuse it (`redistribute`).
+    The slice is `node`'s output constraint or, with `read`, the constrained copy through which `node`
+    reads that input (`ActivationConstraint.input`; `node`'s own output is then no part of the pair).
     `held`: constrained nodes that keep the reduced value whole in between, which a target that does not
     fuse across a constraint (tt-mlir) compiles as the all-reduce then the slice."""
     if not added:
         return
-    for name in node.inputs:
+    for name in node.inputs if read is None else (read,):
         src = graph[name]
         chain = []
         while src.op in _PASS_THROUGH and src.name not in reduced and len(graph.users(src.name)) == 1:
@@ -291,7 +300,7 @@ def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, m
             continue
         if held is not None and any(x in held for x in [*chain, src.name]):
             return
-        ev.scattered.update([*chain, src.name, node.name])
+        ev.scattered.update([*chain, src.name] + ([node.name] if read is None else []))
         e = ev.events[i]
         ev.events[i] = replace(
             e,

@@ -172,3 +172,23 @@ if __name__ == "__main__":
         print("FIDELITY " + json.dumps(row), flush=True)
         print(f"{case}: PCC {row['pcc']:.7f} eager {row['pcc_eager']:.7f} sharded {row['sharded_fraction']:.3f}")
         print("\n".join(row["table"]), flush=True)
+
+
+def test_the_dump_shows_one_block_of_each_family(vace):
+    from planner.autoplan import plan_graph
+    from wancompile.report import build_report
+    from wancompile.report.markdown import render_markdown
+
+    _, _, graph = vace
+    plan = plan_graph(graph, parse_mesh(MESH), memory_gb=_need_gb(graph))
+    rep = build_report(plan, graph)
+    trace = rep.trace
+    assert trace["block_module"] == "blocks.0"
+    assert trace["families"] == [{"prefix": "vace_blocks", "blocks": 2, "block_module": "vace_blocks.0"}]
+    main = [r["loc"] for r in trace["ops"] if r["segment"] == "block"]
+    control = [r["loc"] for r in trace["ops"] if r["segment"] == "family"]
+    assert main and all(loc.startswith("blocks.*.") or loc.startswith("blocks.*:") for loc in main)
+    assert control and all(loc.startswith("vace_blocks.*") for loc in control)
+    assert "## One `vace_blocks` block, op by op (`vace_blocks.*`, ×2)" in render_markdown(rep)
+    segments = {s: t for s, t, _, _ in rep.segment_costs()}
+    assert segments == {"prologue": 1, "block": 2, "vace_blocks": 2, "epilogue": 1}

@@ -166,6 +166,16 @@ def render_markdown(rep: Report) -> str:
                     for e in bill.entries
                 ),
             )
+        for fam in rep.families():
+            rows = [r for r in rep.rows("family") if r["family"] == fam["prefix"]]
+            fc, fm = sum(r["compute_s"] for r in rows), sum(c["seconds"] for r in rows for c in r["collectives"])
+            lines += ["", f"## One `{fam['prefix']}` block, op by op (`{fam['prefix']}.*`, ×{fam['blocks']})", ""]
+            lines += _op_table(rep, [r for r in rows if r["kernel"] or r["collectives"] or r["constraint"]])
+            lines += [
+                "",
+                f"Block total: {us(fc + fm)} µs (compute {us(fc)} µs + comm {us(fm)} µs) × {fam['blocks']} blocks "
+                f"= {ms((fc + fm) * fam['blocks'])} ms per forward.",
+            ]
         once = [r for r in rep.rows("prologue") + rep.rows("epilogue") if r["collectives"] or r["constraint"]]
         if once:
             lines += ["", "## Once per forward (before and after the block stack)", ""]

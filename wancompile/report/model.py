@@ -203,6 +203,10 @@ class Report:
         """The row's parameters: ``weight (R, S(0)); bias (R, S(0))``."""
         return "; ".join(f"{w['param'].rsplit('.', 1)[-1]} {self.spec(w['spec'])}" for w in row["weights"])
 
+    def families(self) -> list[dict]:
+        """The further block stacks of the trace (VACE's ``vace_blocks``): prefix, blocks, block_module."""
+        return list((self.trace or {}).get("families", []))
+
     def rows(self, segment: Optional[str] = None) -> list[dict]:
         ops = (self.trace or {}).get("ops", [])
         return [r for r in ops if segment is None or r["segment"] == segment]
@@ -294,8 +298,10 @@ class Report:
     def segment_costs(self) -> list[tuple[str, int, float, float]]:
         """(segment, times per forward, compute s, comm s) from the trace, per call of the segment."""
         out = []
-        for seg, times in (("prologue", 1), ("block", self.num_blocks), ("epilogue", 1)):
-            rows = self.rows(seg)
+        segments = [("prologue", 1, None), ("block", self.num_blocks, None)]
+        segments += [(f["prefix"], f["blocks"], f["prefix"]) for f in self.families()]
+        for seg, times, family in (*segments, ("epilogue", 1, None)):
+            rows = [r for r in self.rows("family") if r["family"] == family] if family else self.rows(seg)
             out.append(
                 (
                     seg,
@@ -316,7 +322,11 @@ class Report:
         return [(g, v[0], v[1]) for g, v in acc.items()]
 
     def flops_per_forward(self) -> float:
-        return sum(r.get("flops", 0.0) * (self.num_blocks if r["segment"] == "block" else 1) for r in self.rows())
+        times = {f["prefix"]: f["blocks"] for f in self.families()}
+        return sum(
+            r.get("flops", 0.0) * (self.num_blocks if r["segment"] == "block" else times.get(r.get("family"), 1))
+            for r in self.rows()
+        )
 
     def collective_seconds(self, c: Collective) -> Optional[float]:
         from planner.cost_model import collective_seconds

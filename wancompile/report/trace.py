@@ -32,7 +32,7 @@ from planner.hardware import HardwareProfile, default_hardware, get_profile
 from planner.placements import Layout
 from planner.plan import Plan, spec_to_json
 from planner.propagate import evaluate
-from planner.strategies import find_structure
+from planner.strategies import family_of, find_structure
 
 TRACE_VERSION = 2
 
@@ -91,8 +91,11 @@ def trace_plan(
         p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params
     }
     layouts.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})  # split inputs
-    block_root = _block_root(graph)
+    main = family_of(st.root)
+    first = {f.prefix: f.indices[0] for f in graph.families if f.indices}
+    block_root = {prefix: f"{prefix}.{k}" for prefix, k in first.items()}
     macro_of = {x: m.name for m in st.block_macros for x in m.nodes}
+    macro_of.update({x: m.name.rsplit(".", 1)[-1] for f in st.families for m in f.macros for x in m.nodes})
     root_macro_of = {x: m.name for m in st.root_macros for x in m.nodes}
     rows: list[dict[str, Any]] = []
     for node in graph:
@@ -100,21 +103,41 @@ def trace_plan(
             continue
         ev = evaluate(graph, [node], mesh, hw, boundary=layouts, forced=forced, forced_inputs=copies)
         layouts[node.name] = ev.layouts.get(node.name, tuple(Layout.replicated(len(m.shape)) for m in node.outputs))
-        if node.block not in (None, 0):
-            continue  # blocks share their decisions: block 0 stands for all
-        segment = "block" if node.block == 0 else ("prologue" if node.name in set(st.prologue) else "epilogue")
-        rows.append(_row(graph, node, layouts, ev, segment, block_root, macro_of, root_macro_of, constraint_spec, plan))
+        if node.block is not None and node.block != first.get(node.family):
+            continue  # blocks share their decisions: each family's first block stands for all
+        if node.block is not None:
+            segment = "block" if node.family == main else "family"
+        else:
+            segment = "prologue" if node.name in set(st.prologue) else "epilogue"
+        rows.append(
+            _row(
+                graph,
+                node,
+                layouts,
+                ev,
+                segment,
+                block_root.get(node.family, ""),
+                macro_of,
+                root_macro_of,
+                constraint_spec,
+                plan,
+            )
+        )
     return {
         "version": TRACE_VERSION,
         "hardware": hw.name,
         "blocks": n_blocks,
         "captured_blocks": st.captured_blocks,
         "tokens": str(st.tokens),
-        "block_module": block_root.get(0, "blocks.0"),
+        "block_module": st.root,
+        # further block stacks (VACE's control blocks): their rows are segment "family", one block each
+        "families": [
+            {"prefix": f.prefix, "blocks": f.blocks, "block_module": block_root[f.prefix]} for f in st.families
+        ],
         "params": {
             p.param: {"shape": [_dim(d) for d in p.out.shape], "dtype": p.out.dtype, "block": p.block}
             for p in graph.params()
-            if p.block in (None, 0)
+            if p.block is None or p.block == first.get(p.family)
         },
         "ops": rows,
     }
@@ -126,7 +149,7 @@ def _row(
     layouts,
     ev,
     segment: str,
-    block_root: dict,
+    root: str,
     macro_of: dict,
     root_macro_of: dict,
     constraint_spec: dict,
@@ -145,16 +168,13 @@ def _row(
             ins.append(state(src.out, lay))
     out_lay = layouts[node.name][0] if layouts.get(node.name) else None
     module = node.module
-    root = block_root.get(0, "")
-    rel = (
-        module[len(root) + 1 :]
-        if segment == "block" and module.startswith(root + ".")
-        else ("" if segment == "block" else module)
-    )
+    in_block = segment in ("block", "family")
+    rel = module[len(root) + 1 :] if in_block and module.startswith(root + ".") else ("" if in_block else module)
     group = macro_of.get(node.name) or root_macro_of.get(node.name) or (rel.split(".")[0] if rel else "") or segment
     return {
         "loc": str(graph.block_location(node, "*")),
         "segment": segment,
+        "family": node.family,
         "group": group,
         "module": graph.in_block(node, module, "*"),
         "op": node.op,
@@ -179,16 +199,6 @@ def _is_module_output(graph: Graph, node: Node) -> bool:
     if not same or same[-1].name != node.name:
         return False
     return all(u.module != node.module for u in graph.users(node.name))
-
-
-def _block_root(graph: Graph) -> dict[int, str]:
-    out: dict[int, str] = {}
-    for n in graph:
-        if n.block is not None and n.op != "placeholder":
-            cand = n.module
-            if n.block not in out or len(cand) < len(out[n.block]):
-                out[n.block] = cand
-    return out
 
 
 def _dim(d: Any) -> Any:
