@@ -254,6 +254,23 @@ class Alternative:
 
 
 @dataclass(frozen=True)
+class HeadPadding:
+    """An attention computed with ``padded`` heads of which ``heads`` are real (the rest zero:
+    rewrites/pad_heads.py), for every attention at ``module`` (block-generic: ``blocks.*.attn1``)."""
+
+    module: str
+    heads: int
+    padded: int
+
+    def to_json(self) -> dict:
+        return {"module": self.module, "heads": self.heads, "padded": self.padded}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "HeadPadding":
+        return cls(str(d["module"]), int(d["heads"]), int(d["padded"]))
+
+
+@dataclass(frozen=True)
 class Decision:
     """What was chosen for one ILP group and what lost, as data.
 
@@ -285,6 +302,7 @@ class Decision:
     stream: str = ""  # layout of the stream the chosen option reads/writes (planner.placements notation)
     unit: str = "forward"
     state: str = ""  # which stream layout that is (DiT block macros): STATE A | STATE B | SP-Megatron
+    pad_heads: Optional[HeadPadding] = None  # the chosen option runs the attention on zero-padded heads
 
     @property
     def scope(self) -> str:
@@ -324,7 +342,7 @@ class Decision:
             "stream": self.stream,
             "unit": self.unit,
             "state": self.state,
-        }
+        } | ({"pad_heads": self.pad_heads.to_json()} if self.pad_heads is not None else {})
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Decision":
@@ -346,6 +364,7 @@ class Decision:
             stream=str(d.get("stream", "")),
             unit=str(d.get("unit", "forward")),
             state=str(d.get("state", "")),
+            pad_heads=_maybe(HeadPadding.from_json, d.get("pad_heads")),
         )
 
 
@@ -506,6 +525,12 @@ class Plan:
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
 
+    @property
+    def head_padding(self) -> dict[str, int]:
+        """{block-generic attention module: padded heads} for the attentions the plan runs padded
+        (its decisions' ``pad_heads``): the graph it names is the model's with those padded."""
+        return {d.pad_heads.module: d.pad_heads.padded for d in self.decisions if d.pad_heads is not None}
+
     # --- checking against a captured model ------------------------------------------------------
 
     @property
@@ -514,11 +539,12 @@ class Plan:
         idx = {int(m.group(1)) for p in self.params for m in [_BLOCK.match(p)] if m}
         return max(idx) + 1 if idx else 0
 
-    def check(self, graph: Graph) -> None:
+    def check(self, graph: Graph, *, unpadded: Optional[Graph] = None) -> None:
         """Raise PlanError unless the graph has the geometry the plan was made for, the plan names
         exactly the graph's parameters, every spec divides its tensor on this mesh, and every
-        activation location exists."""
-        self._check_geometry(graph)
+        activation location exists. A plan that pads heads (`head_padding`) names ops of the padded
+        graph; its geometry is the model's: pass the graph before padding as `unpadded`."""
+        self._check_geometry(unpadded if unpadded is not None else graph)
         shapes = {n.param: n.out.shape for n in graph.params()}
         unknown = sorted(set(self.params) - set(shapes))
         missing = sorted(set(shapes) - set(self.params))
