@@ -173,7 +173,13 @@ def test_compiled_padded_plan_is_the_model_and_its_prediction(compiled):
     matches = compare_collectives(program.plan.collectives, program.collectives())
     assert all(m.count_ok and m.bytes_ok() for m in matches), "\n".join(map(str, matches))
     assert any(m.kind == "all-to-all" and m.observed_count == 8 for m in matches)  # 4 per block: Ulysses
-    assert program.fold_collectives() == []  # the weights are padded once, on each device, moving nothing
+    # the weights are padded once per weight version (folded), on each device, moving nothing:
+    # 2 blocks x (q, k, v weights and biases, to_out's weight; norm_q/k gammas)
+    padded = [name for name in program.fold.split.folded if name.endswith("_padded")]
+    assert len(padded) == 2 * (7 + 2), program.fold.split.folded
+    main = program.fold.split.main.graph.nodes
+    assert not [n for n in main if n.target is torch.nn.functional.pad], "a weight is padded per call"
+    assert program.fold_collectives() == []
     md = (dump / "plan.md").read_text()
     assert f"**{PAD}**" in md and "**padded heads** 12 -> 16 at `blocks.*.attn1`" in md
 
