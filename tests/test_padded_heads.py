@@ -113,8 +113,11 @@ def test_padding_is_priced_and_chosen_where_it_is_cheaper(graph12):
     assert attn1.rejected == "SP(model)+KV-gather" and attn1.rejected_cost > attn1.cost
     names = {o.name: o for o in attn1.options}
     assert {"replicated", "SP(model)+KV-gather", PAD, "head-TP(model)+pad(12->16)"} <= set(names)
-    # the padded weights are a copy beside the model's (12-head sources whole, 16-head copies split)
-    assert names[PAD].param_bytes_per_device > names["SP(model)+KV-gather"].param_bytes_per_device
+    # the padded weights are a copy beside the model's: Ulysses keeps weights whole, so per block the
+    # 16-head q, k, v (weights and biases) and to_out's 16-head-wide weight, fp32, on every device
+    copies = 2 * 4 * (3 * (512 * 384 + 512) + 384 * 512)
+    extra = names[PAD].param_bytes_per_device - names["SP(model)+KV-gather"].param_bytes_per_device
+    assert extra == pytest.approx(copies, abs=2048)  # the ILP counts KiB
     # the unpadded splits stay excluded, with the reason
     assert any("12 heads do not divide" in x.reason for x in attn1.excluded)
 
@@ -128,6 +131,29 @@ def test_padding_is_priced_and_chosen_where_it_is_cheaper(graph12):
     rows = {d["macro"]: d for d in data["decisions"]}
     assert rows["attn1"]["pad_heads"] == {"module": "blocks.*.attn1", "heads": 12, "padded": 16}
     assert "pad_heads" not in rows["attn2"]
+
+
+def test_the_padded_option_is_priced_on_the_padded_shapes(graph12):
+    """The rules price the padded graph: the attention's projections and SDPA do 16/12 of the work,
+    its glue (norm1 on the stream) the same."""
+    from planner.autoplan import DitFamily
+    from planner.hardware import get_profile
+    from planner.propagate import evaluate
+
+    _, graph, padder = graph12
+    mesh, hw = MeshSpec((1, 8), ("batch", "model")), get_profile("tpu-v6e-8")
+    family = DitFamily(graph, mesh, hw, pad_heads=padder)
+    attn1 = next(m for m in family.st.block_macros if m.name == "attn1")
+    padded, attn1_16 = family.variant("attn1")
+    assert (attn1.width, attn1_16.width) == (12, 16)
+
+    def flops(g, macro, ops):
+        return evaluate(g, [g[n] for n in macro.nodes if g[n].op in ops], mesh, hw, boundary={}).flops
+
+    heavy = ("linear", "scaled_dot_product_attention")
+    assert flops(padded.g, attn1_16, heavy) == pytest.approx(flops(graph, attn1, heavy) * 16 / 12)
+    glue = flops(graph, attn1, ("layer_norm",))  # norm1 on the stream: not the heads' work
+    assert glue > 0 and flops(padded.g, attn1_16, ("layer_norm",)) == glue
 
 
 def test_padded_options_lose_where_padding_does_not_pay(graph12):
