@@ -5,7 +5,7 @@ the ILP takes one only where it is cheaper, and the compiled program is the unpa
 The model: the tiny DiT with 12 heads x 32 (D = 384), latent (4, 9, 32, 32) -> 2304 tokens, priced for
 ``tpu-v6e-8``. There the self-attention's ``Ulysses(model)+pad(12->16)`` beats ``SP(model)+KV-gather``
 (4 all-to-alls of a 16-head shard vs 2 all-gathers of full-width K/V, at 16/12 of the attention's
-FLOPs); cross-attention (77 text tokens) stays SP.
+FLOPs); cross-attention (7 prompt tokens) stays SP.
 """
 
 import json
