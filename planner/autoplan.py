@@ -30,8 +30,18 @@ from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_pr
 from planner.ilp import Edge, Group, Infeasible
 from planner.mesh import MeshSpec
 from planner.packing import packed_operand
+from planner.padding import PadHeads, needs_padding, pad_targets, padded_copy_bytes
 from planner.placements import Guard, Layout, as_number, numel, shard_count
-from planner.plan import ActivationConstraint, Decision, Exclusion, Plan, PlanError, Predicted, model_geometry
+from planner.plan import (
+    ActivationConstraint,
+    Decision,
+    Exclusion,
+    HeadPadding,
+    Plan,
+    PlanError,
+    Predicted,
+    model_geometry,
+)
 from planner.propagate import Evaluation, evaluate, redistribute
 from planner.strategies import Macro, Strategy, family_strategies, find_structure
 from planner.targets import get_target
@@ -54,6 +64,7 @@ def plan_graph(
     stream_layouts: bool = True,
     preset: str = "auto",
     target: str = "gspmd",
+    pad_heads: Optional[PadHeads] = None,
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -85,6 +96,11 @@ def plan_graph(
         target: the partitioner (`planner.targets`): options and stream edges are priced with the
             reshards it compiles (tt-mlir: a split added to a split value is an all-to-all), while the
             plan's ``collectives`` stay GSPMD's (its prediction for the target: `planner.pins`).
+        pad_heads: {block-generic attention module: heads} -> the planner graph of this model with
+            those attentions' heads zero-padded (`planner.padding`). Given, attentions whose heads a
+            split of the mesh does not divide are also offered head-TP / Ulysses on padded heads,
+            priced on that graph; a plan that chooses one names ops of the padded graph and records
+            the padding in its decisions (`Plan.head_padding`). None: no padded options.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
@@ -108,6 +124,7 @@ def plan_graph(
         preset=preset,
         model=model or graph.model,
         target=target,
+        pad_heads=pad_heads,
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     return engine.plan(family, budget, time_limit_s).with_(target=target)
@@ -157,6 +174,7 @@ class DitFamily:
         preset: str = "auto",
         model: str = "",
         target: str = "gspmd",
+        pad_heads: Optional[PadHeads] = None,
     ):
         if preset not in PRESETS:
             raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
@@ -177,6 +195,9 @@ class DitFamily:
         self.target_name = target
         # None: GSPMD, whose reshards the rules' events are in; else the target the options are priced for
         self.target = None if target == "gspmd" else get_target(target)
+        self.pad_heads = pad_heads
+        self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if pad_heads is not None else {}
+        self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or None
 
     def on(self, mesh: MeshSpec) -> "DitFamily":
         """The same model and options on another mesh (no batch axes)."""
@@ -193,7 +214,70 @@ class DitFamily:
             preset=self.preset,
             model=self.model,
             target=self.target_name,
+            pad_heads=self.pad_heads,
         )
+
+    def _padded(self, pads: Mapping[str, HeadPadding]) -> "DitFamily":
+        """This family on the graph with the attentions of `pads` padded (no padded options of its own)."""
+        graph = self.pad_heads({p.module: p.padded for p in pads.values()})
+        return DitFamily(
+            graph,
+            self.mesh,
+            self.hw,
+            num_blocks=self.n,
+            weight_copies=self.copies,
+            values=self.vals,
+            sequence_parallel=self.sequence_parallel,
+            only=self.only,
+            batch_axes=self.batch_axes,
+            stream_layouts=self.stream_layouts,
+            preset=self.preset,
+            model=self.model,
+            target=self.target_name,
+        )
+
+    def variant(self, name: str) -> Optional[tuple["DitFamily", Macro]]:
+        """(family on the graph with macro `name` padded, the macro there), or None where the
+        rewrite could not pad it (then it has no padded options)."""
+        if name not in self._variants:
+            fam = self._padded({name: self.pads[name]})
+            vm = next((m for m in fam.st.block_macros if m.name == name), None)
+            ok = vm is not None and vm.kind == "attention" and vm.width == self.pads[name].padded
+            self._variants[name] = (fam, vm) if ok else None
+        return self._variants[name]
+
+    def _padded_options(self, m: Macro) -> tuple[list[Strategy], list[Exclusion]]:
+        """Macro `m`'s options that split its heads in a way only the padded heads divide, named
+        ``...+pad(H->H')``; nothing unless `m` is a padding target."""
+        if m.name not in self.pads or self.preset != "auto":
+            return [], []
+        found = self.variant(m.name)
+        pad = self.pads[m.name]
+        if found is None:
+            return [], [
+                Exclusion(f"pad heads {pad.heads}->{pad.padded}", "the pad_heads rewrite cannot pad this attention")
+            ]
+        fam, vm = found
+        opts, _ = family_strategies(
+            fam.g,
+            vm,
+            self.mesh,
+            self.st.tokens,
+            tile=self.hw.tile,
+            values=self.vals,
+            exclude=self.batch_axes,
+            hidden=self.hidden,
+        )
+        out = [
+            dc_replace(fam.lift_strategy(s), name=f"{s.name}+pad({pad.heads}->{pad.padded})", pad_heads=pad.padded)
+            for s in opts
+            if needs_padding(self.mesh, m.width, s)
+        ]
+        return out, []
+
+    def _family_of(self, m: Macro, s: Strategy) -> tuple["DitFamily", Macro]:
+        """Where option `s` of `m` is priced: this graph, or the one with `m`'s heads padded."""
+        return self.variant(m.name) if s.pad_heads else (self, m)
 
     # --- pricing ------------------------------------------------------------------------------
 
@@ -296,7 +380,10 @@ class DitFamily:
         )
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
+        """Per-device bytes of the macro's parameters under `s`, for all its repetitions; with padded
+        heads also the padded copies the fold program keeps beside them."""
         one = pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
+        one += padded_copy_bytes(self.g, m, s, self.mesh, self.vals)
         return one * self.reps(m) * self.copies
 
     def fixed_param_bytes(self) -> float:
@@ -363,6 +450,8 @@ class DitFamily:
                 hidden=self.hidden,
             )
             opts = [self.lift_strategy(s) for s in opts]
+            padded, why_padded = self._padded_options(m)
+            opts, why = opts + padded, why + why_padded
             if not self.sequence_parallel:
                 opts = [s for s in opts if not s.sigma and not s.stream[0]]
             if m.name in self.only:
@@ -372,12 +461,13 @@ class DitFamily:
                 opts = kept
             options = []
             for s in opts:
-                ev = evals[m.name, s.name] = self.eval_macro(m, s)
-                cost = self.eval_macro(m, s, priced=True) if self.target is not None else ev
+                fam, mm = self._family_of(m, s)
+                ev = evals[m.name, s.name] = fam.eval_macro(mm, s)
+                cost = fam.eval_macro(mm, s, priced=True) if self.target is not None else ev
                 once = to_ns(self.ends(s.stream, self.target is not None).seconds) if m.name == first else 0
                 if m.name in self.family_first:  # a further family's entry (the control tokens) laid out
                     once = to_ns(self.entries_seconds(self.family_first[m.name], s.stream))
-                options.append(pricing.option(s.name, s.stream, cost, self.param_bytes(m, s), once))
+                options.append(pricing.option(s.name, s.stream, cost, fam.param_bytes(mm, s), once))
             groups.append(Group(m.name, tuple(options), self.reps(m)))
             tables[m.name], excluded[m.name] = opts, why
         edges = self.edges(tables)
@@ -563,8 +653,14 @@ class DitFamily:
 
         tables, res = problem.tables, solution.result
         out = engine.explain(problem, solution, in_block=in_block, stream=stream, fsdp=fsdp)
+        chosen = {g.name: tables[g.name][res.choice[g.name]] for g in problem.groups}
         return tuple(
-            dc_replace(d, state=tables[g.name][res.choice[g.name]].state, family=family.get(g.name, ""))
+            dc_replace(
+                d,
+                state=chosen[g.name].state,
+                family=family.get(g.name, ""),
+                pad_heads=self.pads[g.name] if chosen[g.name].pad_heads else None,
+            )
             if g.name in block
             else d
             for g, d in zip(problem.groups, out)
@@ -573,6 +669,17 @@ class DitFamily:
     # --- the plan ------------------------------------------------------------------------------------
 
     def assemble(self, problem: engine.Problem, solution: engine.Solution, decisions) -> Plan:
+        pads = {m: p for m, p in self.pads.items() if solution.chosen[m].pad_heads}
+        if pads:
+            # the plan names ops of the graph with exactly the chosen attentions padded; each option's
+            # evaluation there is the one it was priced by (its macro reads the same graph)
+            fam = self._padded(pads)
+            macros = {m.name: m for m in fam.st.block_macros + fam.st.root_macros}
+            evals = {
+                (name, s.name): fam.eval_macro(macros[name], s) for name, s in solution.chosen.items() if name in macros
+            }
+            plan = fam.assemble(dc_replace(problem, evals={**problem.evals, **evals}), solution, decisions)
+            return plan.with_(geometry=model_geometry(self.g))  # the model's, not the padded graph's
         chosen, evals = solution.chosen, problem.evals
         first = self.st.block_macros[0]
         sigma0 = chosen[first.name].stream
@@ -630,6 +737,10 @@ class DitFamily:
         acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, split_stream=split_stream)
         acts = acts[:1] + self._family_entries(chosen) + acts[1:]
         memory = _weight_bytes(self.g, self.st, params, self.mesh, self.vals, self.n, self.copies)
+        memory += sum(
+            padded_copy_bytes(self.g, m, chosen[m.name], self.mesh, self.vals) * self.n * self.copies
+            for m in self.st.block_macros
+        )
         act_peak = max(
             ev.peak_bytes for (name, sname), ev in evals.items() if chosen.get(name) and chosen[name].name == sname
         )

@@ -94,3 +94,25 @@ def source_layouts(graph: Graph, packed: Packed, layout: Layout, mesh: MeshSpec)
     if have[packed.node] != layout:
         return {}, f"packing gives {have[packed.node]}, not {layout}, at {graph[packed.node].location}"
     return lays, ""
+
+
+def is_padded(graph: Graph, packed: Packed) -> bool:
+    """Whether the packing zero-pads its sources (the ``pad_heads`` rewrite, rewrites/pad_heads.py):
+    then the packed value is larger than its sources and a separate copy on the device."""
+    return any(graph[x].op == "pad" for x in packed.nodes)
+
+
+def padded_source_layouts(graph: Graph, packed: Packed, layout: Layout) -> dict[str, Layout]:
+    """Sources of a padding packing laid out like the packed value on the dims the packing keeps
+    (same size) and whole on the dims it pads: each device pads the whole dim and keeps its slice,
+    so the fold program moves nothing (a split of the padded dim would shift rows between devices:
+    12 heads' rows split 8 ways are not the first 12 of 16 heads' rows split 8 ways)."""
+    out = graph[packed.node].out.shape
+    lays = {}
+    for s in packed.sources:
+        shape = graph[s].out.shape
+        if len(shape) != layout.ndim:
+            lays[s] = Layout.replicated(len(shape))
+        else:
+            lays[s] = Layout(tuple(axes if a == b else () for a, b, axes in zip(shape, out, layout.dims)))
+    return lays

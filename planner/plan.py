@@ -268,6 +268,23 @@ class Alternative:
 
 
 @dataclass(frozen=True)
+class HeadPadding:
+    """An attention computed with ``padded`` heads of which ``heads`` are real (the rest zero:
+    rewrites/pad_heads.py), for every attention at ``module`` (block-generic: ``blocks.*.attn1``)."""
+
+    module: str
+    heads: int
+    padded: int
+
+    def to_json(self) -> dict:
+        return {"module": self.module, "heads": self.heads, "padded": self.padded}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "HeadPadding":
+        return cls(str(d["module"]), int(d["heads"]), int(d["padded"]))
+
+
+@dataclass(frozen=True)
 class Decision:
     """What was chosen for one ILP group and what lost, as data.
 
@@ -300,6 +317,7 @@ class Decision:
     unit: str = "forward"
     state: str = ""  # which stream layout that is (DiT block macros): STATE A | STATE B | SP-Megatron
     family: str = ""  # a further block family's prefix (``vace_blocks``); ``macro`` is then its block-generic name
+    pad_heads: Optional[HeadPadding] = None  # the chosen option runs the attention on zero-padded heads
 
     @property
     def scope(self) -> str:
@@ -343,7 +361,7 @@ class Decision:
             "unit": self.unit,
             "state": self.state,
             **({"family": self.family} if self.family else {}),
-        }
+        } | ({"pad_heads": self.pad_heads.to_json()} if self.pad_heads is not None else {})
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Decision":
@@ -366,6 +384,7 @@ class Decision:
             unit=str(d.get("unit", "forward")),
             state=str(d.get("state", "")),
             family=str(d.get("family", "")),
+            pad_heads=_maybe(HeadPadding.from_json, d.get("pad_heads")),
         )
 
 
@@ -526,6 +545,12 @@ class Plan:
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
 
+    @property
+    def head_padding(self) -> dict[str, int]:
+        """{block-generic attention module: padded heads} for the attentions the plan runs padded
+        (its decisions' ``pad_heads``): the graph it names is the model's with those padded."""
+        return {d.pad_heads.module: d.pad_heads.padded for d in self.decisions if d.pad_heads is not None}
+
     # --- checking against a captured model ------------------------------------------------------
 
     @property
@@ -534,11 +559,12 @@ class Plan:
         idx = {int(m.group(1)) for p in self.params for m in [_BLOCK.match(p)] if m}
         return max(idx) + 1 if idx else 0
 
-    def check(self, graph: Graph) -> None:
+    def check(self, graph: Graph, *, unpadded: Optional[Graph] = None) -> None:
         """Raise PlanError unless the graph has the geometry the plan was made for, the plan names
         exactly the graph's parameters, every spec divides its tensor on this mesh, and every
-        activation location exists."""
-        self._check_geometry(graph)
+        activation location exists. A plan that pads heads (`head_padding`) names ops of the padded
+        graph; its geometry is the model's: pass the graph before padding as `unpadded`."""
+        self._check_geometry(unpadded if unpadded is not None else graph)
         shapes = {n.param: n.out.shape for n in graph.params()}
         unknown = sorted(set(self.params) - set(shapes))
         missing = sorted(set(shapes) - set(self.params))

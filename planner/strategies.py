@@ -30,6 +30,9 @@ Megatron(t) [+SP(σ)]   one all-reduce on t after the row-parallel linear
 +seq(t)                stream split on the tokens over σ + t (sequence-parallel Megatron):
                        all-gather of the column-parallel input on the tokens over t,
                        reduce-scatter of the row-parallel sums onto them
++pad(H->H')            (attention) heads a split does not divide padded with zero heads
+                       (rewrites/pad_heads.py): the option above on the padded graph, priced
+                       there (H'/H the attention's FLOPs and bytes; padded weight copies)
 =====================  ========================================================================
 
 `forced` holds the activation constraints a strategy places (node name -> layout) at points the
@@ -46,7 +49,7 @@ from typing import Optional
 
 from planner.graph import Graph, Node
 from planner.mesh import MeshSpec
-from planner.packing import Packed, packed_operand, source_layouts
+from planner.packing import Packed, is_padded, packed_operand, padded_source_layouts, source_layouts
 from planner.placements import Guard, Layout, divides, shard_count
 from planner.plan import Exclusion
 
@@ -89,6 +92,7 @@ class Strategy:
     forced: dict[str, Layout] = field(default_factory=dict, hash=False, compare=False)
     guards: tuple[Guard, ...] = ()
     stream: Stream = ((), ())
+    pad_heads: int = 0  # attention heads padded to this many (rewrites/pad_heads.py); 0: not padded
 
     @property
     def state(self) -> str:
@@ -623,6 +627,9 @@ def with_sources(graph: Graph, mesh: MeshSpec, macro: Macro, s: Strategy) -> tup
     value (planner.packing), and ""; or `s` and why the packing cannot keep its layout."""
     params = dict(s.params)
     for p in macro.packed:
+        if is_padded(graph, p):
+            params.update(padded_source_layouts(graph, p, s.params[p.node]))
+            continue
         lays, why = source_layouts(graph, p, s.params[p.node], mesh)
         if why:
             return s, why

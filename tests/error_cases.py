@@ -174,6 +174,16 @@ def _plan_other_heads(tmp):
     plan.check(tiny_graph(num_attention_heads=8, attention_head_dim=8))  # same parameter shapes, 8 heads x 8
 
 
+def _plan_pads_unpaddable(tmp):
+    from wancompile.backend import HeadPadder
+    from wancompile.capture import capture_module
+    from wancompile.models import build_transformer, transformer_inputs
+
+    m = build_transformer("tiny", device="meta", num_attention_heads=16, attention_head_dim=4)
+    graph, gm = capture_module(m, **transformer_inputs("tiny", "tiny", 9, device="meta"), return_dict=False)
+    HeadPadder(gm, graph).graphs({"blocks.*.attn1": 16})  # what a plan padding 12 -> 16 asks of this model
+
+
 def _plan_other_frames(tmp):
     from planner import plan_graph
     from planner.mesh import parse_mesh
@@ -664,6 +674,15 @@ CASES: tuple[Case, ...] = (
         r"was made for tokens 48 \(this model: 36\) — another resolution or frame count",
         "one plan per resolution, or dynamic=True",
         raises(_plan_other_frames),
+    ),
+    Case(
+        "plan-pad-heads",
+        "library",
+        "`plan=` a plan.json that pads attn1's heads 12 -> 16, on a model with 16 heads",
+        "PlanError",
+        r"the plan runs blocks\.\*\.attn1 on padded heads, but this model's attention there cannot be padded",
+        "re-plan for this model",
+        raises(_plan_pads_unpaddable),
     ),
     Case(
         "plan-truncated",

@@ -14,6 +14,7 @@ without a plan that fits it.
 
 from __future__ import annotations
 
+import fnmatch
 import logging
 import re
 from pathlib import Path
@@ -79,10 +80,13 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
 
         gm, _ = fold_conv_padding(gm)
     graph = annotate(gm, model=model)
+    padder = HeadPadder(gm, graph)
     try:
-        plan = _plan_for(graph, mesh, opts, symbol_values(gm))
+        plan = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
     except InfeasiblePlanError as e:
         raise _with_rewrites(e, records) from None
+    unpadded = graph
+    gm, graph = padder.graphs(plan.head_padding)  # the graph the plan names: heads padded where it chose
     if isinstance(opts.plan, Path):
         _check_rewrites(plan, opts)
     elif records:
@@ -91,7 +95,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     plan = plan.with_(target=opts.target or (plan.target if isinstance(opts.plan, Path) else opts.resolved_target))
     if isinstance(opts.plan, Path) and plan.target != saved:
         _check_retarget(graph, plan, saved, opts.plan)
-    plan.check(graph)
+    plan.check(graph, unpadded=unpadded)
     if plan.target != "gspmd":
         from planner.pins import target_collectives
 
@@ -130,7 +134,14 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
                 "break; plan without the `plan` option (or save one per resolution)"
             )
-        return lower(solve(graph, mesh, opts, values))
+        new = solve(unpadded, mesh, opts, values, padder)
+        if new.head_padding != plan.head_padding:
+            raise PlanError(
+                f"re-planning for sizes {values} changed the padded attention heads ({plan.head_padding or 'none'} -> "
+                f"{new.head_padding or 'none'}), which this compiled graph cannot follow; compile once per resolution "
+                "(without dynamic=True)"
+            )
+        return lower(new)
 
     return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
 
@@ -213,7 +224,50 @@ def _model_name(gm: fx.GraphModule) -> str:
     )
 
 
-def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
+class HeadPadder:
+    """The graphs of one captured model with attention heads zero-padded (rewrites/pad_heads.py):
+    the planner's ``pad_heads`` function (`planner.padding`), and the graph a plan that pads names.
+    Each padding is made once."""
+
+    def __init__(self, gm: fx.GraphModule, graph: Graph) -> None:
+        self.gm, self.model = gm, graph.model
+        # {pads} -> (GraphModule, planner graph, where the rewrite padded, why it skipped any)
+        self._made: dict[frozenset, tuple] = {frozenset(): (gm, graph, (), ())}
+
+    def __call__(self, pads: Mapping[str, int]) -> Graph:
+        return self._make(pads)[1]
+
+    def graphs(self, pads: Mapping[str, int]) -> tuple[fx.GraphModule, Graph]:
+        """(GraphModule, planner graph) with `pads` applied ({}: the model's); raises PlanError when
+        an attention cannot be padded as the plan says."""
+        gm, graph, where, skipped = self._make(pads)
+        missing = [p for p in pads if not any(fnmatch.fnmatchcase(w, p) for w in where)]
+        if missing:
+            raise PlanError(
+                f"the plan runs {', '.join(missing)} on padded heads, but this model's attention there cannot be "
+                f"padded ({'; '.join(skipped) or 'no such attention'}); re-plan for this model"
+            )
+        return gm, graph
+
+    def _make(self, pads: Mapping[str, int]) -> tuple:
+        from rewrites.pad_heads import pad_heads
+
+        key = frozenset(pads.items())
+        if key not in self._made:
+            gm = fx.GraphModule(self.gm, self.gm.graph.__deepcopy__())
+            report = pad_heads(gm, dict(pads))
+            gm.recompile()
+            self._made[key] = (gm, annotate(gm, model=self.model), report.where, report.skipped)
+        return self._made[key]
+
+
+def _plan_for(
+    graph: Graph,
+    mesh: MeshSpec,
+    opts: Options,
+    values: Optional[dict[str, int]] = None,
+    padder: Optional[HeadPadder] = None,
+) -> Plan:
     if opts.plan == "tt-xla":
         from planner.hand_plans import tt_xla_plan
 
@@ -239,7 +293,7 @@ def _plan_for(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict
                 opts.weight_sets,
             )
         return plan
-    return solve(graph, mesh, opts, values)
+    return solve(graph, mesh, opts, values, padder)
 
 
 def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
@@ -253,9 +307,16 @@ def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
     return out
 
 
-def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]] = None) -> Plan:
+def solve(
+    graph: Graph,
+    mesh: MeshSpec,
+    opts: Options,
+    values: Optional[dict[str, int]] = None,
+    padder: Optional[HeadPadder] = None,
+) -> Plan:
     """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
-    graph, the DiT planner's for a Wan DiT graph, else replicated (`replicated_plan`)."""
+    graph, the DiT planner's for a Wan DiT graph (with padded-head options where `padder` is
+    given), else replicated (`replicated_plan`)."""
     from planner.cfg import plan_dit
     from planner.hardware import get_profile
     from planner.targets import get_target
@@ -286,6 +347,7 @@ def solve(graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str
             values=values or None,
             weight_copies=opts.weight_sets,
             target=opts.resolved_target,
+            pad_heads=padder,
         )
     return replicated_plan(graph, mesh, opts)
 

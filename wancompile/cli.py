@@ -287,6 +287,9 @@ def plan_command(args: argparse.Namespace) -> int:
     log.info("captured %s", graph.summary())
 
     from planner.cfg import plan_dit
+    from wancompile.backend import HeadPadder
+
+    padder = HeadPadder(gm, graph)  # padded-head options where a split does not divide the heads
 
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
     with progress.step("planning" + (" (tt-xla hand plan)" if args.hand else f" on {mesh} for {args.hardware}")):
@@ -312,7 +315,9 @@ def plan_command(args: argparse.Namespace) -> int:
                 time_limit_s=args.time_limit,
                 model=args.model,
                 preset=args.preset,
+                pad_heads=padder,
             )
+            graph = padder.graphs(plan.head_padding)[1]  # the graph the plan's locations name
     if args.rewrites:
         plan = plan.with_(rewrites=records)
     from planner.targets import default_target

@@ -33,7 +33,8 @@ What is folded — a call node is foldable when
     is not a materializing broadcast (``expand``, ``repeat``, ...: XLA fuses those in-graph);
   * no parameter it (transitively) reads is mutated anywhere in the graph;
 and a folded value handed to the main program must be a tensor no larger than the parameters it
-reads (no folded ``expand``/broadcast materializing more than the weights: XLA fuses those).
+reads plus the zeros its constant ``pad`` ops add (the ``pad_heads`` rewrite's padded weights; no folded
+``expand``/broadcast materializing more than the weights: XLA fuses those).
 Views of one parameter (``.t()``, ``.float()``, a slice) fold under the same rules. A sharding
 constraint on a folded value (the auto plan pins a packed projection weight, planner/packing.py)
 moves into the fold program with it, so the value leaves the fold program with the plan's layout
@@ -129,6 +130,21 @@ def _numel(node: fx.Node) -> Optional[int]:
         return None
 
 
+def _zero_pad(node: fx.Node) -> bool:
+    """A constant zero ``F.pad`` (rewrites/pad_heads.py pads weights with zero heads)."""
+    if _name(node) != "pad" or node.op != "call_function":
+        return False
+    mode = node.kwargs.get("mode", node.args[2] if len(node.args) > 2 else "constant")
+    value = node.kwargs.get("value", node.args[3] if len(node.args) > 3 else None)
+    return mode == "constant" and value in (None, 0, 0.0)
+
+
+def _allowed(sources: set, pads: set) -> int:
+    """Elements a folded value may hold: its parameters', plus the zeros its constant pads add."""
+    zeros = sum((_numel(p) or 0) - (_numel(p.args[0]) or 0) for p in pads)
+    return sum(_numel(s) or 0 for s in sources) + zeros
+
+
 def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]]) -> Optional[FoldSplit]:
     """Cut `gm` (whose placeholders, in order, hold the parameters named in `params`, None for inputs)
     into a fold program and a main program; None when nothing can be folded (then use `gm` as is)."""
@@ -144,6 +160,7 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
     while True:
         foldable: set[fx.Node] = set()
         ancestors: dict[fx.Node, set[fx.Node]] = {}
+        pads: dict[fx.Node, set[fx.Node]] = {}  # the zero pads among a folded value's ops
         for node in gm.graph.nodes:
             inputs = node.all_input_nodes
             if (
@@ -154,12 +171,13 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
             ):
                 foldable.add(node)
                 ancestors[node] = set().union(*(ancestors.get(i, {i}) for i in inputs))
+                pads[node] = set().union(*(pads.get(i, set()) for i in inputs)) | ({node} if _zero_pad(node) else set())
         bad_sources = {s for n in mutated for s in (ancestors.get(n, {n}) if (n in foldable or n in sources) else ())}
         moved = {u for n in foldable for u in n.users if u.target is _constrain}  # constraints of folded values
         boundary = [
             n for n in gm.graph.nodes if n in foldable and any(u not in foldable and u not in moved for u in n.users)
         ]
-        too_big = [n for n in boundary if _numel(n) is None or _numel(n) > sum(_numel(s) or 0 for s in ancestors[n])]
+        too_big = [n for n in boundary if _numel(n) is None or _numel(n) > _allowed(ancestors[n], pads[n])]
         if not (bad_sources - banned) and not too_big:
             break
         banned |= bad_sources | set(too_big)

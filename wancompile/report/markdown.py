@@ -295,6 +295,13 @@ def _why(rep: Report, d) -> list[str]:
         + f": the best plan with it costs {ms(d.cost)} ms per {unit}"
         + (f"; {memory}" if memory else "")
     )
+    if d.pad_heads is not None:
+        p = d.pad_heads
+        out.append(
+            f"- **padded heads** {p.heads} -> {p.padded} at `{p.module}`: {p.padded - p.heads} zero heads "
+            f"(exact; rewrites/pad_heads.py), priced at {p.padded}/{p.heads} of the attention's work, the padded "
+            "weights held beside the model's"
+        )
     if d.rejected:
         line = f"- **best rejected** `{d.rejected}`: the best plan with it instead costs {ms(d.rejected_cost)} ms per {unit}"
         if d.margin is not None:
