@@ -60,12 +60,14 @@ CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
 def pad_tokens(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
     if context.sp_multiple <= 1:
         return report("sp_pad", (), ())
+    if not any(BLOCK.match(module_path(n)) for n in gm.graph.nodes if n.op.startswith("call")):
+        return report("sp_pad", (), ())  # not a DiT block stack (a VAE graph): nothing to pad
     try:
         plan = _Plan(gm.graph, context.sp_multiple)
     except Skip as why:
         return report("sp_pad", (), (str(why),))
-    if plan.pad == 0:
-        return report("sp_pad", (), (f"{plan.tokens} tokens are already a multiple of {context.sp_multiple}",))
+    if plan.pad == 0:  # nothing to pad: no candidate left unchanged
+        return report("sp_pad", (), ())
     plan.apply()
     finish(gm)
     return report("sp_pad", [module_path(n) for n in plan.self_attention], ())
