@@ -663,9 +663,10 @@ class DitFamily:
         return out
 
     def _per_token(self, node) -> bool:
-        """Whether a single-output value carries the stream's tokens token-major, (..., L, D)."""
+        """Whether a single-output value of rank > 2 holds the stream's tokens on an inner dim: a per-token
+        modulation, (B, 6, L, D) in SkyReels-V2 DF, (B, L, 6, D) in Wan 2.2 TI2V, its (B, L, D) pieces."""
         shape = node.out.shape if len(node.outputs) == 1 else ()
-        return len(shape) >= 3 and shape[-2] == self.st.tokens
+        return any(d == self.st.tokens for d in shape[1:-1]) if len(shape) > 2 else False
 
     def _pads_tokens(self, pad, src) -> bool:
         """Whether op `pad` pads `src` on one dim to the stream's token count (sp_pad's padding)."""
