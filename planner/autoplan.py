@@ -731,9 +731,13 @@ class DitFamily:
         params = self._params(chosen)
         stack = self.st.block_macros + self.st.family_macros
         split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in stack)
-        if split_stream:
-            pins += [(x, lay, _MODULATION) for x, lay in self._modulation(chosen, evals) if x not in forced_block]
         tokens_split = any(chosen[m.name].stream[0] for m in stack)
+        if split_stream or tokens_split:  # with the tokens split, a per-token modulation is pinned too
+            pins += [
+                (x, lay, _MODULATION)
+                for x, lay in self._modulation(chosen, evals)
+                if x not in forced_block and (split_stream or self._per_token(self.g[x]))
+            ]
         acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, split_stream=split_stream)
         acts = acts[:1] + self._family_entries(chosen) + acts[1:]
         memory = _weight_bytes(self.g, self.st, params, self.mesh, self.vals, self.n, self.copies)
@@ -880,7 +884,13 @@ class DitFamily:
         another, GSPMD propagated the split backwards into the shared chunk and all-gathered the other
         macro's vectors (measured: 3 per block on 2x4); pinned, each use slices its own. An op that
         reads only values made before the blocks (the RoPE table's even/odd columns) is left to its
-        input's layout: the table is pinned where it is made."""
+        input's layout: the table is pinned where it is made.
+
+        A per-token modulation (diffusion forcing: a timestep per frame, so the table plus a
+        (B, 6, L, D) projection, chunked) is pinned all along, not only where the stream reads it:
+        left open, GSPMD split the chunk on the stream's tokens and all-gathered each piece back to
+        the layout the readers are pinned in (measured: 9 all-gathers over the whole 2x4 mesh, none
+        predicted)."""
         block = [n for n in self.g if self.st.in_rep(self.g, n) and n.op != "placeholder"]
         dependent = {self.st.entry}
         for n in block:
@@ -893,11 +903,24 @@ class DitFamily:
                 continue
             if all(self.g[i].block is None and not self.g[i].is_param for i in n.inputs):
                 continue
-            if any(u.name in dependent for u in self.g.users(n.name)):
+            if any(u.name in dependent for u in self.g.users(n.name)) or self._per_token(n):
                 lay = evals[m, chosen[m].name].layouts.get(n.name)
                 if lay and lay[0] is not None:
                     out.append((n.name, self.lift(n.name, lay[0])))  # a CFG half keeps its branch
         return out
+
+    def _per_token(self, node) -> bool:
+        """Whether a single-output value of rank > 2 holds the stream's tokens on an inner dim: a per-token
+        modulation, (B, 6, L, D) in SkyReels-V2 DF, (B, L, 6, D) in Wan 2.2 TI2V, its (B, L, D) pieces."""
+        shape = node.out.shape if len(node.outputs) == 1 else ()
+        return any(d == self.st.tokens for d in shape[1:-1]) if len(shape) > 2 else False
+
+    def _pads_tokens(self, pad, src) -> bool:
+        """Whether op `pad` pads `src` on one dim to the stream's token count (sp_pad's padding)."""
+        if not src.outputs or len(src.outputs) != 1 or len(src.out.shape) != len(pad.out.shape):
+            return False
+        grown = [b for a, b in zip(src.out.shape, pad.out.shape) if a != b]
+        return grown == [self.st.tokens]
 
     def _side_inputs(self) -> list[str]:
         """Non-parameter values made before the block stack that block 0 or the epilogue read,
@@ -1035,6 +1058,21 @@ class DitFamily:
                             reason="prologue value the blocks read, kept in its planned layout",
                         )
                     )
+        if tokens_split:
+            # the other token paddings (sp_pad: RoPE tables, diffusion forcing's per-token modulation and
+            # output shift/scale) read whole like the entry's: left open, GSPMD split the unpadded
+            # shift/scale of the output modulation and shifted them with collective-permutes
+            pinned = {a.location for a in acts}
+            for pad in self.g:
+                src = self.g[pad.inputs[0]] if pad.op == "pad" and pad.inputs else None
+                while src is not None and src.op == "to" and self.g[src.inputs[0]].outputs == src.outputs:
+                    src = self.g[src.inputs[0]]  # a device-only .to, which the lowering drops
+                if src is None or pad.name == entry.name or src.location in pinned or not self._pads_tokens(pad, src):
+                    continue
+                whole = self.lift(src.name, Layout.replicated(len(src.out.shape))).to_spec()
+                acts.append(
+                    ActivationConstraint(src.location, whole, src.out.shape, reason="tokens whole before SP padding")
+                )
         exit_ = self.g[self.st.exit]
         exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
         acts.append(

@@ -488,12 +488,20 @@ class CfgParallel:
 
 @dataclass(frozen=True)
 class RewriteRecord:
+    """A rewrite pass the plan's graph went through: ``count`` sites rewritten at module paths ``where``,
+    and ``skipped``: one entry per candidate it left unchanged (where: why), so a pass that could not
+    run where it was asked to is on the record, not silently dropped."""
+
     name: str
     count: int
     where: tuple[str, ...] = ()
+    skipped: tuple[str, ...] = ()
 
     def to_json(self) -> dict:
-        return {"name": self.name, "count": self.count, "where": list(self.where)}
+        out = {"name": self.name, "count": self.count, "where": list(self.where)}
+        if self.skipped:
+            out["skipped"] = list(self.skipped)
+        return out
 
 
 @dataclass(frozen=True)
@@ -737,7 +745,7 @@ class Plan:
                 solver=SolverInfo(**data.get("solver", {})),
                 decisions=tuple(Decision.from_json(d) for d in data.get("decisions", [])),
                 rewrites=tuple(
-                    RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ())))
+                    RewriteRecord(r["name"], int(r["count"]), tuple(r.get("where", ())), tuple(r.get("skipped", ())))
                     for r in data.get("rewrites", [])
                 ),
                 notes=tuple(data.get("notes", ())),

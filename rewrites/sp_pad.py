@@ -5,7 +5,7 @@ needs padding. Slicing K and V back to L in every self-attention keeps attention
 slices per block (seed 000, ``docs/seeds.md``: 3.4 s/iteration at 480p on Galaxy). This pass instead::
 
     # block-stack entry, once per token tensor (hidden states, rope tables, per-token timestep proj)
-    x = F.pad(x, [0, 0, ..., 0, P])                     # L → L + P along dim 1
+    x = F.pad(x, [0, 0, ..., 0, P])                     # L → L + P along its token dim
     key_mask = (torch.arange(L + P) < L).view(1, 1, 1, L + P)
     # every self-attention
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
@@ -20,8 +20,11 @@ from the prompt, not from padded tensors, and are left alone.
 
 Where: the block stack is the nodes of modules ``blocks.N``, extended forward through the per-token
 tail (``norm_out``, the output modulation, ``proj_out``: ops whose result still has L at dim 1) up to
-the reshape that unpatchifies. Entries are the non-placeholder tensors with L at dim 1 that it reads
-(not parameters; a tensor feeding ``attn2``, the prompt, never is); exits are its values read outside it. Before
+the reshape that unpatchifies. Entries are the tensors with L at dim 1 that it reads (not parameters;
+a tensor feeding ``attn2``, the prompt, never is), or with L at an inner dim: diffusion forcing
+(SkyReels-V2 DF) gives every token its own timestep, so the blocks read a (B, 6, L, D) projection
+that each block chunks on dim 1 into (B, L, D) modulations; it is padded on dim 2 (padded rows are
+the table alone: finite, and read only by padded rows). Exits are the region's values read outside it. Before
 touching the graph the pass re-runs every op of the stack on padded FakeTensors; if one rejects them
 (a hard-coded length), the graph is left unchanged and the reason reported.
 """
@@ -57,12 +60,14 @@ CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
 def pad_tokens(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
     if context.sp_multiple <= 1:
         return report("sp_pad", (), ())
+    if not any(BLOCK.match(module_path(n)) for n in gm.graph.nodes if n.op.startswith("call")):
+        return report("sp_pad", (), ())  # not a DiT block stack (a VAE graph): nothing to pad
     try:
         plan = _Plan(gm.graph, context.sp_multiple)
     except Skip as why:
         return report("sp_pad", (), (str(why),))
-    if plan.pad == 0:
-        return report("sp_pad", (), (f"{plan.tokens} tokens are already a multiple of {context.sp_multiple}",))
+    if plan.pad == 0:  # nothing to pad: no candidate left unchanged
+        return report("sp_pad", (), ())
     plan.apply()
     finish(gm)
     return report("sp_pad", [module_path(n) for n in plan.self_attention], ())
@@ -122,10 +127,21 @@ class _Plan:
         v = node.meta.get("example_value")
         return isinstance(v, torch.Tensor) and v.dim() >= 2 and v.shape[1] == self.tokens
 
+    def _token_dim(self, node: fx.Node) -> int | None:
+        """The dim of `node`'s value that holds the tokens: the first after the batch with L entries,
+        not the features (last) of a rank > 2 value. 1 for ``(B, L, ...)`` (hidden states, RoPE
+        tables), 2 for diffusion forcing's ``(B, 6, L, D)`` per-token timestep projection; None: none."""
+        v = node.meta.get("example_value")
+        if node.op not in ("call_function", "call_method", "call_module", "placeholder"):
+            return None
+        if not isinstance(v, torch.Tensor) or v.dim() < 2:
+            return None
+        return next((d for d in range(1, max(2, v.dim() - 1)) if v.shape[d] == self.tokens), None)
+
     def _entries(self) -> list[fx.Node]:
         entries = []
         for node in self.nodes:
-            if node in self.region or not self._has_tokens(node) or _is_parameter(node):
+            if node in self.region or self._token_dim(node) is None or _is_parameter(node):
                 continue
             readers = [u for u in node.users if u in self.region]
             if readers and not any(CROSS_ATTENTION.search(module_path(u)) for u in readers):
@@ -186,7 +202,8 @@ class _Plan:
             raise Skip(f"{module_path(node)}: {node.name} {what} without tokens at dim 1 (shape {shape})")
 
     def _widths(self, node: fx.Node) -> list[int]:
-        return [0, 0] * (value(node).dim() - 2) + [0, self.pad]
+        """``F.pad`` widths (last dim first) that pad the token dim of an entry by P at its end."""
+        return [0, 0] * (value(node).dim() - 1 - self._token_dim(node)) + [0, self.pad]
 
     def _device(self) -> torch.device:
         return value(_sdpa_arg(self.self_attention[0], 1, "key")).device

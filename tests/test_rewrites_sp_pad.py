@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import operator
 
 import pytest
@@ -142,7 +143,7 @@ def test_tokens_that_already_divide_are_left_alone(dit):
     gm, _ = dit
     before = gm.code
     _, (report,) = apply_rewrites(gm, ["sp_pad"], RewriteContext(sp_multiple=4))
-    assert (report.count, report.skipped) == (0, ("48 tokens are already a multiple of 4",))
+    assert (report.count, report.skipped) == (0, ())  # nothing to pad is no candidate left unchanged
     assert gm.code == before
 
 
@@ -161,3 +162,41 @@ def test_a_block_with_a_hard_coded_token_count_is_left_alone():
     assert report.count == 0
     assert report.skipped[0].startswith("blocks.0: x does not accept 8 tokens (")
     assert gm.code == before
+
+
+def test_diffusion_forcing_pads_its_per_token_timestep_projection_and_keeps_the_output():
+    """SkyReels-V2 DF gives every token its own timestep: the blocks read a (B, 6, L, D) projection
+    (L at dim 2) that each chunks into (B, L, D) shifts/scales/gates; padded with the tokens, the
+    output is eager's to fp32 rounding."""
+    from wancompile.models import build_family
+
+    model, kwargs = build_family("skyreels-df")
+    ((gm, inputs),) = capture(model, **kwargs, return_dict=False)
+    expected = run(gm, inputs)
+    _, (report,) = apply_rewrites(gm, ["sp_pad"], RewriteContext(sp_multiple=32))
+    assert (report.count, report.skipped) == (2, ())
+    pads = {
+        n.args[0].meta["example_value"].shape: n.meta["example_value"].shape
+        for n in gm.graph.nodes
+        if n.target is F.pad
+    }
+    assert pads[(1, 6, 48, 64)] == (1, 6, 64, 64)  # the per-token projection, on its token dim
+    assert pads[(1, 48, 64)] == (1, 64, 64)  # the stream (and the output shift / scale)
+    assert (run(gm, inputs) - expected).abs().max().item() <= 1e-5
+
+
+def test_a_padding_the_backend_could_not_do_is_warned_and_on_the_plans_record(caplog):
+    """rewrites=["sp_pad"] where a block hard-codes its token count: the graph runs unpadded, the log
+    warns with the reason, and the plan's ``rewrites`` (plan.json) carries it."""
+    from planner.mesh import parse_mesh
+    from planner.plan import Plan, RewriteRecord
+    from wancompile.backend import rewrite_graph
+
+    gm, _ = stack_graph(hard_coded_tokens=5)
+    with caplog.at_level(logging.WARNING, logger="wancompile"):
+        _, (record,) = rewrite_graph(gm, parse_mesh("2x4"), ("sp_pad",))
+    (reason,) = record.skipped
+    assert (record.name, record.count) == ("sp_pad", 0) and reason.startswith("blocks.0: x does not accept")
+    assert reason in caplog.text
+    plan = Plan.from_json({**Plan("m", parse_mesh("2x4"), {}).to_json(), "rewrites": [record.to_json()]})
+    assert plan.rewrites == (RewriteRecord("sp_pad", 0, (), (reason,)),)

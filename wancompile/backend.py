@@ -168,10 +168,10 @@ def rewrite_graph(
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
     gm, reports = apply_rewrites(gm, rewrites, RewriteContext(sp_multiple=sp * tile))
     gm.recompile()
-    for r in reports:
+    for r in reports:  # a pass that left a candidate unchanged says so (and the plan records it)
         for reason in r.skipped:
-            log.info("wan_autoshard rewrite %s skipped: %s", r.name, reason)
-    return gm, tuple(RewriteRecord(r.name, r.count, tuple(r.where)) for r in reports)
+            log.warning("wan_autoshard rewrite %s left a candidate unchanged: %s", r.name, reason)
+    return gm, tuple(RewriteRecord(r.name, r.count, tuple(r.where), tuple(r.skipped)) for r in reports)
 
 
 def _with_rewrites(e: InfeasiblePlanError, records: tuple[RewriteRecord, ...]) -> InfeasiblePlanError:
