@@ -275,6 +275,32 @@ _VIDEO = {"hidden_states": (1, 4, 3, 8, 8), "encoder_hidden_states": (1, 7, 32)}
 FAMILIES: dict[str, FamilyConfig] = {
     f.name: f
     for f in [
+        FamilyConfig("wan-t2v", "WanTransformer3DModel", _TINY_DIT, _VIDEO, description="Wan 2.1 / 2.2 T2V"),
+        FamilyConfig(
+            "wan-i2v",
+            "WanTransformer3DModel",
+            # Wan 2.1 I2V layout: latents, mask and image condition on channels (4 + 4 + 4), CLIP image tokens
+            dict(_TINY_DIT, in_channels=12, image_dim=16),
+            {**_VIDEO, "hidden_states": (1, 12, 3, 8, 8), "encoder_hidden_states_image": (1, 5, 16)},
+            description="Wan 2.1 I2V: the CLIP image tokens joined to the prompt's for cross-attention",
+        ),
+        FamilyConfig(
+            "wan-flf2v",
+            "WanTransformer3DModel",
+            # first and last frame: two images' CLIP tokens, viewed as one sequence with a learnt position embedding
+            dict(_TINY_DIT, in_channels=12, image_dim=16, pos_embed_seq_len=10),
+            {**_VIDEO, "hidden_states": (1, 12, 3, 8, 8), "encoder_hidden_states_image": (2, 5, 16)},
+            description="Wan 2.1 FLF2V: first- and last-frame image tokens with a position embedding",
+        ),
+        FamilyConfig(
+            "wan-ti2v",
+            "WanTransformer3DModel",
+            _TINY_DIT,
+            _VIDEO,
+            # Wan 2.2 TI2V: a timestep per token (the first latent frame, the given image, at 0)
+            timestep=[[0] * 16 + [500] * 32],
+            description="Wan 2.2 TI2V: a timestep per token, so a per-token (B, L, 6, D) modulation",
+        ),
         # as diffusers' tests/models/transformers/test_models_transformer_wan_vace.py, at the tiny DiT's width
         FamilyConfig(
             "vace",
