@@ -24,7 +24,7 @@ compute seconds, peak per-device tensor bytes, guards, and warnings for ops with
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Collection, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
@@ -203,7 +203,12 @@ def evaluate(
                 str(graph[node.inputs[i]].location),
                 f"activation constraint on {node.inputs[i]} read by {node.op}",
             )
-            for kind, axes, shape in redistribute(metas[i], have, want, mesh, target):
+            moves = redistribute(metas[i], have, want, mesh, target)
+            if not moves:  # a slice of the copy: a reduction right before it and the slice are one reduce-scatter
+                held = forced if target is not None and not target.fuses_across_constraints else None
+                added = set(want.axes) - set(have.axes)
+                _scatter_reduction(graph, node, added, reduced, ev, mesh, hw, held, read=node.inputs[i])
+            for kind, axes, shape in moves:
                 charge(kind, axes, shape, metas[i].itemsize, where, why)
             ins[i] = want
         idx = graph.picks(node)
@@ -273,25 +278,26 @@ def evaluate(
 _PASS_THROUGH = ("dropout", "contiguous", "clone")
 
 
-def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw, held=None) -> None:
+def _scatter_reduction(
+    graph, node, added: set, reduced: dict, ev: Evaluation, mesh, hw, held=None, read: Optional[str] = None
+) -> None:
     """An all-reduce whose value's only consumer (past pass-throughs) is sliced over the same axes
     right after is a reduce-scatter: GSPMD emits the pair, the compilers fuse it (`redistribute`).
+    The slice is `node`'s output constraint or, with `read`, the constrained copy through which `node`
+    reads that input (`ActivationConstraint.input`; `node`'s own output is then no part of the pair).
     `held`: constrained nodes that keep the reduced value whole in between, which a target that does not
     fuse across a constraint (tt-mlir) compiles as the all-reduce then the slice."""
     if not added:
         return
-    for name in node.inputs:
-        src = graph[name]
-        chain = []
-        while src.op in _PASS_THROUGH and src.name not in reduced and len(graph.users(src.name)) == 1:
-            chain.append(src.name)
-            src = graph[src.inputs[0]]
+    for name in node.inputs if read is None else (read,):
+        chain = reduced_through(graph, name, stop=reduced)
+        src = graph[chain.pop()]
         i = reduced.get(src.name)
         if i is None or set(ev.events[i].axes) != added or len(graph.users(src.name)) != 1:
             continue
         if held is not None and any(x in held for x in [*chain, src.name]):
             return
-        ev.scattered.update([*chain, src.name, node.name])
+        ev.scattered.update([*chain, src.name] + ([node.name] if read is None else []))
         e = ev.events[i]
         ev.events[i] = replace(
             e,
@@ -301,6 +307,18 @@ def _scatter_reduction(graph, node, added: set, reduced: dict, ev: Evaluation, m
         )
         del reduced[src.name]
         return
+
+
+def reduced_through(graph: Graph, name: str, stop: Collection[str] = ()) -> list[str]:
+    """`name` and the values behind it through pass-throughs (dropout, clone, ...) that each have one
+    reader, up to the op that made them (or one in `stop`), that op last: where an all-reduce of that
+    op's partial sums meets a slice of `name`, the partitioner's pair is one reduce-scatter."""
+    chain = [name]
+    src = graph[name]
+    while src.op in _PASS_THROUGH and src.name not in stop and len(graph.users(src.name)) == 1:
+        src = graph[src.inputs[0]]
+        chain.append(src.name)
+    return chain
 
 
 def _inputs(graph: Graph, node: Node, ev: Evaluation) -> tuple[list[Optional[Layout]], list[Optional[TensorMeta]]]:
