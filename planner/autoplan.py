@@ -42,7 +42,7 @@ from planner.plan import (
     Predicted,
     model_geometry,
 )
-from planner.propagate import Evaluation, evaluate, redistribute
+from planner.propagate import Evaluation, evaluate, redistribute, reduced_through
 from planner.strategies import Macro, Strategy, family_strategies, find_structure
 from planner.targets import get_target
 
@@ -723,9 +723,12 @@ class DitFamily:
                 elif a not in forced_block and a != self.st.entry:
                     pins.append((a, self.stream(b), _MADE))
                 copies += [(r, i, self.stream(l_sig)) for r, i in readers]
-            for kind, axes, shape in redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh):
+            moves = redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh)
+            for kind, axes, shape in moves:
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += times
+            if not moves:
+                self._scatter_into_slice(events, a, self.stream(b), self.stream(l_sig), chosen, evals, times)
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
@@ -738,7 +741,7 @@ class DitFamily:
                 for x, lay in self._modulation(chosen, evals)
                 if x not in forced_block and (split_stream or self._per_token(self.g[x]))
             ]
-        acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, split_stream=split_stream)
+        acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split)
         acts = acts[:1] + self._family_entries(chosen) + acts[1:]
         memory = _weight_bytes(self.g, self.st, params, self.mesh, self.vals, self.n, self.copies)
         memory += sum(
@@ -846,6 +849,27 @@ class DitFamily:
                     for u in readers
                 ]
         return tuple(out)
+
+    def _scatter_into_slice(
+        self, events: Counter, a: str, have: Layout, want: Layout, chosen, evals, times: int
+    ) -> None:
+        """Stream value `a` sliced from `have` into `want` where the op behind it (past pass-throughs)
+        all-reduces its partial sums over the axes the slice adds: GSPMD's all-reduce + slice, one
+        reduce-scatter (`planner.propagate`), as the whole-graph propagation reads it too."""
+        added = tuple(x for x in self.mesh.axis_names if x in want.axes and x not in have.axes)
+        src = reduced_through(self.g, a)[-1]
+        m = self.macro_of.get(src)
+        if not added or m is None or len(self.g.users(src)) != 1:
+            return
+        where = str(self.g[src].location)
+        for e in evals[m, chosen[m].name].events:
+            if e.kind == "all-reduce" and e.where == where and set(e.axes) == set(added):
+                key = (e.kind, e.axes, e.bytes, self.g.generic(where))
+                events[key] -= times
+                events[("reduce-scatter",) + key[1:]] += times
+                if events[key] <= 0:
+                    del events[key]
+                return
 
     def _sigma_changes(self, chosen) -> list[tuple[str, tuple, tuple, Optional[list[tuple[str, int]]]]]:
         """Stream values crossing into a macro with another stream key: (producer, from, to, readers,
@@ -976,13 +1000,10 @@ class DitFamily:
                     out.setdefault(self.g.in_block(node, name, k), spec)
         return out
 
-    def _activations(
-        self, pins, sigma0, copies, *, tokens_split: bool, split_stream: bool
-    ) -> tuple[ActivationConstraint, ...]:
+    def _activations(self, pins, sigma0, copies, *, tokens_split: bool) -> tuple[ActivationConstraint, ...]:
         """Constraints: `pins` (node, layout, reason) in place after the op, `copies` (reader, input index,
-        layout) on a reader's input; block nodes are written for every block. `tokens_split`: some
-        block macro splits the stream's tokens; `split_stream`: some block macro's stream is split
-        beyond its SP axes (STATE B, sequence-parallel Megatron)."""
+        layout) on a reader's input; block nodes are written for every block; the prologue values the
+        blocks read, in their planned layout. `tokens_split`: some block macro splits the stream's tokens."""
         entry = self.g[self.st.entry]
         acts = [
             ActivationConstraint(
@@ -1042,22 +1063,23 @@ class DitFamily:
                         "propagates the SP split back into the table's (F, H, W) -> L reshape and emits all-to-alls)",
                     )
                 )
-        if split_stream:
-            # With the stream split beyond σ, GSPMD propagates that split backwards into the
-            # unconstrained prologue (measured: the timestep projection all-reduced on a contraction
-            # it chose to split): the values the blocks read from the prologue keep the rules' layout.
-            pinned = {a.location for a in acts}
-            for x in self._side_inputs():
-                node = self.g[x]
-                if node.location not in pinned and self.base.get(x):
-                    acts.append(
-                        ActivationConstraint(
-                            node.location,
-                            self.base[x][0].to_spec(),
-                            node.out.shape,
-                            reason="prologue value the blocks read, kept in its planned layout",
-                        )
+        # GSPMD propagates a split the blocks read in backwards into the unconstrained prologue
+        # (measured: with the stream split beyond σ, the timestep projection all-reduced on a
+        # contraction it chose to split; an FSDP K/V projection split on its input features made the
+        # image embedder's last linear compute half its features and its LayerNorm all-reduce the
+        # statistics): the values the blocks read from the prologue keep the rules' layout.
+        pinned = {a.location for a in acts}
+        for x in self._side_inputs():
+            node = self.g[x]
+            if node.location not in pinned and self.base.get(x):
+                acts.append(
+                    ActivationConstraint(
+                        node.location,
+                        self.base[x][0].to_spec(),
+                        node.out.shape,
+                        reason="prologue value the blocks read, kept in its planned layout",
                     )
+                )
         if tokens_split:
             # the other token paddings (sp_pad: RoPE tables, diffusion forcing's per-token modulation and
             # output shift/scale) read whole like the entry's: left open, GSPMD split the unpadded

@@ -24,7 +24,7 @@ compute seconds, peak per-device tensor bytes, guards, and warnings for ops with
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Collection, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
@@ -107,7 +107,11 @@ def _redistribute(
     src = {a: d for d, axes in enumerate(cur.dims) for a in axes}
     dst = {a: d for d, axes in enumerate(required.dims) for a in axes}
     moved = tuple(a for a in mesh.axis_names if a in src and a in dst and src[a] != dst[a])
-    if moved:
+    minor = _minor_factor_all_to_all(meta, cur, required, moved, mesh) if moved else None
+    if minor is not None:
+        out.extend(minor)
+        cur = Layout(required.dims, cur.partial)
+    elif moved:
         out.append(("all-to-all", moved, local_shape(meta.shape, cur, mesh)))
         dims = [tuple(a for a in axes if a not in moved) for axes in cur.dims]
         for a in moved:
@@ -117,6 +121,55 @@ def _redistribute(
         steps, cur = _reshard_dim(meta, cur, d, required.dims[d], mesh)
         out.extend(steps)
     return out
+
+
+def _minor_factor_all_to_all(
+    meta: TensorMeta, cur: Layout, required: Layout, moved: tuple[str, ...], mesh: MeshSpec
+) -> Optional[list[tuple[str, tuple[str, ...], tuple]]]:
+    """GSPMD's all-to-all from dim s to dim d, where the plain one over the moved axes is not what it
+    emits (measured on 2x4, tests/test_fidelity.py): it first slices the axes the value is replicated
+    over onto d (free), then moves the *minor* factor of s's tiles that d lacks (its group: the devices
+    that differ only there; an axis cut in part counts whole, its devices differ) and fixes the device
+    order with one collective-permute of the result tiles. E.g. tokens ``(model, batch)`` -> ``(batch)``,
+    hidden ``()`` -> ``(model)``: all-to-all over batch+model, then a permute; tokens ``(model)`` ->
+    ``(batch)``, hidden -> ``(model)``: batch sliced onto hidden, all-to-all over model, a permute.
+    None where the moved axes are the minor end of s and nothing is sliced first (the plain all-to-all,
+    then `_reshard_dim`), or where more than that would be left."""
+    sources = {d for d, axes in enumerate(cur.dims) if any(a in moved for a in axes)}
+    targets = {d for d, axes in enumerate(required.dims) if any(a in moved for a in axes)}
+    if len(sources) != 1 or len(targets) != 1 or cur.partial:
+        return None
+    s, d = sources.pop(), targets.pop()
+    fresh = tuple(a for a in required.axes if a not in cur.axes and mesh.axis_size(a) > 1)
+    if any(a in required.dims[s] for a in fresh) and s > d:
+        return None  # measured: GSPMD moves the tiles first and slices after (the plain all-to-all)
+    have = cur.dims[s]
+    leaving = tuple(a for a in have if a in moved)
+    if not fresh and have[len(have) - len(leaving) :] == leaving:
+        return None
+    start = cur.with_dim(d, cur.dims[d] + fresh)  # the free slice onto d
+    counts = [shard_count(mesh, axes) for axes in start.dims]
+    want = [shard_count(mesh, axes) for axes in required.dims]
+    factor = counts[s] // want[s] if want[s] and counts[s] % want[s] == 0 else 0
+    if factor <= 1 or counts[d] * factor != want[d]:
+        return None
+    if any(counts[i] != want[i] for i in range(len(counts)) if i not in (s, d)):
+        return None
+    group, size = [], 1
+    for a in reversed(have):
+        if size >= factor:
+            break
+        group.append(a)
+        size *= mesh.axis_size(a)
+    out = [("all-to-all", tuple(a for a in mesh.axis_names if a in group), local_shape(meta.shape, start, mesh))]
+    cut = len(have) - len(group)
+    if size == factor and start.with_dim(s, have[:cut]).with_dim(d, start.dims[d] + have[cut:]) == required:
+        return out  # the moved tiles land in the required device order
+    changed = {
+        a for i in range(cur.ndim) if start.dims[i] != required.dims[i] for a in start.dims[i] + required.dims[i]
+    }
+    changed = tuple(a for a in mesh.axis_names if a in changed)
+    return out + [("collective-permute", changed, local_shape(meta.shape, required, mesh))]
 
 
 def _reshard_dim(meta: TensorMeta, cur: Layout, d: int, want: tuple[str, ...], mesh: MeshSpec):
@@ -290,11 +343,8 @@ def _scatter_reduction(
     if not added:
         return
     for name in node.inputs if read is None else (read,):
-        src = graph[name]
-        chain = []
-        while src.op in _PASS_THROUGH and src.name not in reduced and len(graph.users(src.name)) == 1:
-            chain.append(src.name)
-            src = graph[src.inputs[0]]
+        chain = reduced_through(graph, name, stop=reduced)
+        src = graph[chain.pop()]
         i = reduced.get(src.name)
         if i is None or set(ev.events[i].axes) != added or len(graph.users(src.name)) != 1:
             continue
@@ -310,6 +360,18 @@ def _scatter_reduction(
         )
         del reduced[src.name]
         return
+
+
+def reduced_through(graph: Graph, name: str, stop: Collection[str] = ()) -> list[str]:
+    """`name` and the values behind it through pass-throughs (dropout, clone, ...) that each have one
+    reader, up to the op that made them (or one in `stop`), that op last: where an all-reduce of that
+    op's partial sums meets a slice of `name`, the partitioner's pair is one reduce-scatter."""
+    chain = [name]
+    src = graph[name]
+    while src.op in _PASS_THROUGH and src.name not in stop and len(graph.users(src.name)) == 1:
+        src = graph[src.inputs[0]]
+        chain.append(src.name)
+    return chain
 
 
 def _inputs(graph: Graph, node: Node, ev: Evaluation) -> tuple[list[Optional[Layout]], list[Optional[TensorMeta]]]:

@@ -21,9 +21,10 @@ from conftest import assert_matches_prediction
 pytestmark = pytest.mark.usefixtures("spmd")
 
 CASES = {"default": {}, "tight": {"tight": True}, "tight+rewrites": {"tight": True, "rewrites": "all"}}
-# predicted != compiled on these plans (a planner fidelity gap, not specific to the families: the
-# plain tiny Wan DiT at 480p x 5 frames at its tightest budget misses too); recorded, not hidden
-MISPREDICTED = {(f, c) for f in ("chronoedit", "animate") for c in ("tight", "tight+rewrites")}
+# predicted != compiled on these plans (planner fidelity gaps, not specific to the families: GSPMD's
+# reshards between stream layouts across the tokens and hidden dims are not all modelled yet, see
+# docs/planner.md); recorded, not hidden
+MISPREDICTED = {("chronoedit", "tight"), ("animate", "tight"), ("animate", "tight+rewrites")}
 
 _RUNS: dict = {}
 
