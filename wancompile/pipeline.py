@@ -50,6 +50,14 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "WanVideoToVideoPipeline": ("transformer",),
     "WanVACEPipeline": TRANSFORMERS,  # WanVACETransformer3DModel(s): the DiT with VACE context blocks
     "WanAnimatePipeline": ("transformer",),  # WanAnimateTransformer3DModel: motion encoder and face adapter
+    # SkyReelsV2Transformer3DModel: the Wan DiT (blocks found by structure), plus the fps embedding and a
+    # timestep per latent frame in the diffusion-forcing pipelines
+    "SkyReelsV2Pipeline": ("transformer",),
+    "SkyReelsV2ImageToVideoPipeline": ("transformer",),
+    "SkyReelsV2DiffusionForcingPipeline": ("transformer",),
+    "SkyReelsV2DiffusionForcingImageToVideoPipeline": ("transformer",),
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": ("transformer",),
+    "ChronoEditPipeline": ("transformer",),  # ChronoEditTransformer3DModel: Wan 2.1 I2V DiT, temporal-skip RoPE
 }
 DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
