@@ -172,3 +172,21 @@ def test_at_the_tightest_budget_the_sharded_dit_matches_eager(kind):
     sharded = sum(params[p].numel() for p in program.plan.sharded_params() if p in params)
     assert sharded > 0.5 * sum(p.numel() for p in params.values())
     assert any("FSDP" in d.strategy for d in program.plan.decisions)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("spmd")
+@pytest.mark.parametrize("kind", ["skyreels-df", "chronoedit"])
+def test_cfg_parallel_runs_the_calls_it_cannot_batch_as_plain_forwards_matching_eager(kind, tmp_path):
+    """Diffusion forcing passes its fps and flag as extra arguments, ChronoEdit calls its transformer outside
+    cache contexts: no guidance pair `CFGBatched` can batch. Each call runs as it is, on the transformer
+    compiled without ``cfg_parallel`` (with it, ``on`` refuses a batch-1 graph)."""
+    from wancompile.pipeline import compilation
+
+    pipe, result = _compiled_and_eager(kind, tmp_path, cfg_parallel=True)
+    assert result.pcc >= PCC and result.max_abs <= FRAMES_MAX_ABS, result
+    cfg = compilation(pipe).cfg
+    assert (cfg.batched, cfg.served, cfg.fallthrough) == (0, 0, 2 * STEPS)
+    (program,) = compilation(pipe).programs()  # the batch-1 graph, no CFG split
+    _assert_planned_dit(program)
+    assert program.plan.cfg_parallel is None
