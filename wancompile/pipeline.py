@@ -1,8 +1,9 @@
 """One call to compile a diffusers Wan pipeline: its transformer(s) and its VAE decode.
 
 `PIPELINES` lists the pipelines it takes: `WanPipeline` (text-to-video), `WanImageToVideoPipeline` (Wan 2.1
-with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`, `WanVACEPipeline`, `WanAnimatePipeline`;
-each by the attributes of its DiTs.
+with its image encoder, Wan 2.2 without), `WanVideoToVideoPipeline`, `WanVACEPipeline`, `WanAnimatePipeline`,
+SkyReels-V2's five (`SkyReelsV2Pipeline`, its image-to-video, and the diffusion-forcing text-, image- and
+video-to-video ones) and `ChronoEditPipeline`; each by the attributes of its DiTs.
 
     import wancompile
     wancompile.compile_pipeline(pipe, mesh="2x4")            # then call pipe(...) as usual
@@ -23,7 +24,8 @@ What it does to `pipe` (everything else, and diffusers' denoising loop, stays as
 * ``cfg_parallel=True`` (or "auto") wraps each transformer in `CFGBatched`: the classifier-free-guidance
   pair of one step (diffusers' ``cache_context("cond")`` call, then ``cache_context("uncond")``) runs as
   one batch-2 forward; the uncond call gets its cached half back. The backend's ``cfg_parallel`` option
-  ("on" / "auto", `planner.cfg`) places the batch on the mesh.
+  ("on" / "auto", `planner.cfg`) places the batch on the mesh. Calls it cannot batch (diffusion forcing's
+  extra arguments, ChronoEdit's calls outside cache contexts) run as they are, compiled without it.
 
 Calling it again first restores what it changed (`restore_pipeline`), so it is safe to call twice or
 with other arguments. The pipe is returned; `compilation(pipe)` gives the `PipelineCompilation` record.
@@ -50,6 +52,14 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "WanVideoToVideoPipeline": ("transformer",),
     "WanVACEPipeline": TRANSFORMERS,  # WanVACETransformer3DModel(s): the DiT with VACE context blocks
     "WanAnimatePipeline": ("transformer",),  # WanAnimateTransformer3DModel: motion encoder and face adapter
+    # SkyReelsV2Transformer3DModel: the Wan DiT (blocks found by structure), plus the fps embedding and a
+    # timestep per latent frame in the diffusion-forcing pipelines
+    "SkyReelsV2Pipeline": ("transformer",),
+    "SkyReelsV2ImageToVideoPipeline": ("transformer",),
+    "SkyReelsV2DiffusionForcingPipeline": ("transformer",),
+    "SkyReelsV2DiffusionForcingImageToVideoPipeline": ("transformer",),
+    "SkyReelsV2DiffusionForcingVideoToVideoPipeline": ("transformer",),
+    "ChronoEditPipeline": ("transformer",),  # ChronoEditTransformer3DModel: Wan 2.1 I2V DiT, temporal-skip RoPE
 }
 DIT_ONLY_OPTIONS = ("plan", "weight_sets")  # backend options given to the transformers only
 _STATE_ATTR = "_wancompile_compilation"  # instance attribute of the pipeline holding its PipelineCompilation
@@ -163,13 +173,19 @@ def compile_pipeline(
     if state.cfg_parallel:
         state.cfg = _CFGState(cfg_mode)
         _capture_negative_prompt(pipe, state.cfg)
+    # the calls `CFGBatched` does not batch (a pipeline passing more inputs, e.g. SkyReels-V2's diffusion
+    # forcing, or one without cache contexts, e.g. ChronoEdit) are no CFG pair: planned without cfg_parallel
+    plain_opts = {k: v for k, v in dit_opts.items() if k != "cfg_parallel"}
     for name in names:
         module = getattr(pipe, name)
         state.originals[name] = module
         compiled = torch.compile(module, backend="wan_autoshard", options=dit_opts, fullgraph=fullgraph)
         if state.dumps is not None:
             state.dumps.watch(name, compiled)
-        setattr(pipe, name, CFGBatched(compiled, module, state.cfg) if state.cfg_parallel else compiled)
+        if state.cfg_parallel:
+            plain = torch.compile(module, backend="wan_autoshard", options=plain_opts, fullgraph=fullgraph)
+            compiled = CFGBatched(compiled, module, state.cfg, plain=plain)
+        setattr(pipe, name, compiled)
 
     if vae is not None:
         from wancompile.vae import installed_t_chunk, is_full_t_enabled
@@ -469,13 +485,22 @@ class CFGBatched(torch.nn.Module):
     embeddings ``c`` runs ``inner(cat[x, x], cat[t, t], cat[c, n])`` with ``n`` the uncond embeddings
     captured from this pipeline call's `encode_prompt`, returns the first half and keeps the second. The
     next call, in ``cache_context("uncond")``, gets the kept half if its inputs are that ``x``, ``t`` and
-    ``n`` (the same tensors, or equal ones); any other call runs ``inner`` as it is. Attributes the
-    pipeline reads (``config``, ``dtype``, ``device``, ...) come from the wrapped transformer.
+    ``n`` (the same tensors, or equal ones); any other call (other inputs, extra arguments, no cache
+    context) runs as it is, on ``plain`` (the transformer compiled without ``cfg_parallel``: such a call is
+    no CFG pair) or, without one, on ``inner``. Attributes the pipeline reads (``config``, ``dtype``,
+    ``device``, ...) come from the wrapped transformer.
     """
 
-    def __init__(self, inner: torch.nn.Module, original: torch.nn.Module, cfg: _CFGState) -> None:
+    def __init__(
+        self,
+        inner: torch.nn.Module,
+        original: torch.nn.Module,
+        cfg: _CFGState,
+        plain: Optional[torch.nn.Module] = None,
+    ) -> None:
         super().__init__()
         self.inner = inner
+        self.plain = plain if plain is not None else inner
         object.__setattr__(self, "_original", original)
         object.__setattr__(self, "_cfg", cfg)
         object.__setattr__(self, "_context", None)
@@ -567,7 +592,7 @@ class CFGBatched(torch.nn.Module):
             cfg.batched += 1
             return _output(cond, return_dict)
         cfg.fallthrough += 1
-        return self.inner(
+        return self.plain(
             hidden_states,
             timestep,
             encoder_hidden_states,
