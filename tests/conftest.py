@@ -63,6 +63,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(autouse=True)
+def _wancompile_logger():
+    """The ``wancompile`` logger as each test found it: the CLI run in-process
+    (`wancompile.progress.setup_logging`) points it at that test's stderr and stops propagation, which
+    later tests' ``caplog`` would not see (and a closed stream would raise on)."""
+    import logging
+
+    log = logging.getLogger("wancompile")
+    saved = (log.handlers[:], log.level, log.propagate)
+    yield
+    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+
+
 @pytest.fixture(scope="session")
 def spmd():
     """The process's SPMD runtime (8 virtual CPU devices)."""
