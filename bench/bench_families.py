@@ -2,17 +2,13 @@
 
     PYTHONPATH=. python bench/bench_families.py [--json] [--families vace,skyreels-df]
 
-Per family (`wancompile.models.FAMILIES`: tiny random-weight configs) and case:
-
-- ``default``: the backend's default budget (the hardware profile's DRAM);
-- ``tight``: the smallest budget the planner names (the ``need_gb`` of the `MemoryBudgetError` a 1e-9 GB
-  budget raises);
-- ``tight + rewrites all``: the same with every rewrite (its own smallest budget: rewrites change the weights).
-
-Each case compiles through ``torch.compile(..., backend="wan_autoshard")`` and reports the fraction of
-parameter elements sharded (any mesh axis in their spec), PCC and max-abs against eager fp32, and whether
-every (collective kind, mesh axes) row of the prediction equals the partitioned HLO's count (bytes within 5 %).
-Printed as a markdown table (the README's), or one JSON object with a ``rows`` list.
+Per family (`wancompile.models.FAMILIES`: tiny random-weight configs) and case (`wancompile.verify.FAMILY_CASES`):
+the default budget; the tightest budget the planner names (the ``need_gb`` of the `MemoryBudgetError` a 1e-9 GB
+budget raises); that with every rewrite (its own tightest budget: rewrites change what is resident). Each case
+compiles through ``torch.compile(..., backend="wan_autoshard")`` (`wancompile.verify.check_family`) and reports the
+fraction of parameter elements sharded, PCC and max-abs against eager fp32, and whether every (collective kind,
+mesh axes) row of the prediction equals the partitioned HLO's count (bytes within 5 %). Printed as a markdown
+table (the README's), or one JSON object with a ``rows`` list.
 """
 
 from __future__ import annotations
@@ -24,56 +20,6 @@ import tempfile
 from pathlib import Path
 
 MESH = "2x4"
-CASES = ("default", "tight", "tight + rewrites all")
-
-
-def run_case(name: str, case: str, dump_root: Path) -> dict:
-    import torch
-
-    import wancompile
-    from wancompile.backend import last_program
-    from wancompile.models import build_family
-    from wancompile.verify import compare_collectives, numerics
-
-    model, inputs = build_family(name)
-    options: dict = {"mesh": MESH, "dump_dir": str(dump_root / f"{name}-{case.replace(' ', '')}")}
-    if "rewrites" in case:
-        options["rewrites"] = "all"
-
-    def compile_and_call(opts):
-        torch._dynamo.reset()
-        with torch.no_grad():
-            return torch.compile(model, backend="wan_autoshard", options=opts, fullgraph=True)(
-                **inputs, return_dict=False
-            )[0]
-
-    need_gb = None
-    if case != "default":
-        try:
-            compile_and_call({**options, "memory_gb": 1e-9})
-            raise AssertionError(f"{name}: a 1e-9 GB budget planned")
-        except wancompile.MemoryBudgetError as e:
-            need_gb = e.need_gb
-        options["memory_gb"] = need_gb
-    out = compile_and_call(options)
-    program = last_program()
-    with torch.no_grad():
-        eager = model(**inputs, return_dict=False)[0]
-    vs_eager = numerics(out, eager)
-    matches = compare_collectives(program.plan.collectives, program.collectives())
-    sizes = {n: p.numel() for n, p in model.named_parameters()}
-    sharded = sum(sizes.get(p, 0) for p, spec in program.plan.params.items() if any(a for a in spec))
-    return {
-        "family": name,
-        "case": case,
-        "mesh": MESH,
-        "memory_gb": need_gb,
-        "params_sharded": sharded / sum(sizes.values()),
-        "pcc": vs_eager.pcc,
-        "max_abs": vs_eager.max_abs,
-        "predicted_eq_compiled": all(m.count_ok and m.bytes_ok() for m in matches),
-        "collectives": sum(m.observed_count for m in matches),
-    }
 
 
 def main(argv=None) -> int:
@@ -86,10 +32,10 @@ def main(argv=None) -> int:
 
     runtime.configure(num_devices=8, dump_dir=Path(tempfile.mkdtemp(prefix="wancompile-families-hlo-")))
     from wancompile.models import FAMILIES
+    from wancompile.verify import FAMILY_CASES, check_family
 
     names = args.families.split(",") if args.families else list(FAMILIES)
-    dump_root = Path(tempfile.mkdtemp(prefix="wancompile-families-"))
-    rows = [run_case(n, c, dump_root) for n in names for c in CASES]
+    rows = [check_family(n, c, MESH).to_json() for n in names for c in FAMILY_CASES]
     if args.json:
         print(json.dumps({"mesh": MESH, "rows": rows}))
         return 0

@@ -14,8 +14,8 @@ Two questions a user asks of every plan, answered by running, never by simulatin
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
@@ -179,3 +179,81 @@ def compare_collectives(predicted: Iterable[Collective], observed: Iterable[Coll
             row[side] += c.count
             row[side + 2] += c.bytes * c.count
     return [CollectiveMatch(k, a, *v) for (k, a), v in sorted(table.items())]
+
+
+# --- a Wan-family model through the backend, as a user would run it -----------------------------------
+
+# case -> (tight budget?, backend options): the default budget, the tightest budget the planner names (the
+# ``need_gb`` of the `MemoryBudgetError` a 1e-9 GB budget raises), and that with every rewrite
+FAMILY_CASES: dict[str, tuple[bool, dict[str, Any]]] = {
+    "default": (False, {}),
+    "tight": (True, {}),
+    "tight + rewrites all": (True, {"rewrites": "all"}),
+}
+
+
+@dataclass(frozen=True)
+class FamilyCheck:
+    """`check_family`'s result: what a user of one tiny Wan-family model sees on one mesh under one case."""
+
+    family: str
+    case: str
+    mesh: str
+    memory_gb: Optional[float]  # the tight budget (None: the default)
+    params_sharded: float  # fraction of parameter elements with a mesh axis in their spec
+    vs_eager: Numerics  # the sharded output against eager fp32
+    matches: tuple[CollectiveMatch, ...]  # predicted vs compiled, per (kind, mesh axes)
+    program: Any = field(compare=False, repr=False)  # the `ShardedProgram` (its plan, HLO, ...)
+
+    @property
+    def as_predicted(self) -> bool:
+        return all(m.count_ok and m.bytes_ok() for m in self.matches)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "family": self.family,
+            "case": self.case,
+            "mesh": self.mesh,
+            "memory_gb": self.memory_gb,
+            "params_sharded": self.params_sharded,
+            "pcc": self.vs_eager.pcc,
+            "max_abs": self.vs_eager.max_abs,
+            "predicted_eq_compiled": self.as_predicted,
+            "collectives": sum(m.observed_count for m in self.matches),
+        }
+
+
+def check_family(family: str, case: str, mesh: str = "2x4", **options: Any) -> FamilyCheck:
+    """Compile the tiny `family` (`wancompile.models.FAMILIES`) through the backend on `mesh` under
+    `case` (`FAMILY_CASES`), call it, and compare with eager fp32 and the plan's prediction. Needs the
+    SPMD runtime with the mesh's device count."""
+    from planner.plan import MemoryBudgetError
+    from wancompile.models import build_family
+
+    tight, extra = FAMILY_CASES[case]
+    model, inputs = build_family(family)
+    with torch.no_grad():
+        eager = model(**inputs, return_dict=False)[0]
+    options = {"mesh": mesh, **extra, **options}
+    budget = None
+    if tight:
+        try:
+            run_with_backend(model, inputs, reference=False, **{**options, "memory_gb": 1e-9})
+        except MemoryBudgetError as e:  # the backend's error, caught as itself around the compiled call
+            budget = e.need_gb
+        else:
+            raise AssertionError(f"{family}: a 1e-9 GB budget planned")
+        options["memory_gb"] = budget
+    out, _, program = run_with_backend(model, inputs, reference=False, **options)
+    sizes = {n: p.numel() for n, p in model.named_parameters()}
+    sharded = sum(sizes.get(p, 0) for p in program.plan.sharded_params())
+    return FamilyCheck(
+        family,
+        case,
+        mesh,
+        budget,
+        sharded / sum(sizes.values()),
+        numerics(out[0], eager),
+        tuple(compare_collectives(program.plan.collectives, program.collectives())),
+        program,
+    )
