@@ -42,7 +42,7 @@ from planner.plan import (
     Predicted,
     model_geometry,
 )
-from planner.propagate import Evaluation, evaluate, redistribute, reduced_through
+from planner.propagate import Evaluation, evaluate, redistribute, reduced_through, sliced_behind
 from planner.strategies import Macro, Strategy, family_strategies, find_structure
 from planner.targets import get_target
 
@@ -197,7 +197,7 @@ class DitFamily:
         self.target = None if target == "gspmd" else get_target(target)
         self.pad_heads = pad_heads
         self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if pad_heads is not None else {}
-        self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or None
+        self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or why not
 
     def on(self, mesh: MeshSpec) -> "DitFamily":
         """The same model and options on another mesh (no batch axes)."""
@@ -238,12 +238,23 @@ class DitFamily:
 
     def variant(self, name: str) -> Optional[tuple["DitFamily", Macro]]:
         """(family on the graph with macro `name` padded, the macro there), or None where the
-        rewrite could not pad it (then it has no padded options)."""
+        rewrite could not pad it (then it has no padded options; `_variant_or_why` says why)."""
+        found = self._variant_or_why(name)
+        return None if isinstance(found, str) else found
+
+    def _variant_or_why(self, name: str):
+        """`variant`, or why there is none: the ``pad_heads`` function's refusal (the backend's
+        check, the one a plan naming the padding meets), or a padded graph without the padded macro."""
         if name not in self._variants:
-            fam = self._padded({name: self.pads[name]})
+            pad = self.pads[name]
+            try:
+                fam = self._padded({name: pad})
+            except PlanError as e:
+                self._variants[name] = str(e)
+                return self._variants[name]
             vm = next((m for m in fam.st.block_macros if m.name == name), None)
-            ok = vm is not None and vm.kind == "attention" and vm.width == self.pads[name].padded
-            self._variants[name] = (fam, vm) if ok else None
+            ok = vm is not None and vm.kind == "attention" and vm.width == pad.padded
+            self._variants[name] = (fam, vm) if ok else f"the padded graph has no {pad.padded}-head {name}"
         return self._variants[name]
 
     def _padded_options(self, m: Macro) -> tuple[list[Strategy], list[Exclusion]]:
@@ -251,12 +262,10 @@ class DitFamily:
         ``...+pad(H->H')``; nothing unless `m` is a padding target."""
         if m.name not in self.pads or self.preset != "auto":
             return [], []
-        found = self.variant(m.name)
+        found = self._variant_or_why(m.name)
         pad = self.pads[m.name]
-        if found is None:
-            return [], [
-                Exclusion(f"pad heads {pad.heads}->{pad.padded}", "the pad_heads rewrite cannot pad this attention")
-            ]
+        if isinstance(found, str):
+            return [], [Exclusion(f"pad heads {pad.heads}->{pad.padded}", found)]
         fam, vm = found
         opts, _ = family_strategies(
             fam.g,
@@ -859,12 +868,21 @@ class DitFamily:
         added = tuple(x for x in self.mesh.axis_names if x in want.axes and x not in have.axes)
         src = reduced_through(self.g, a)[-1]
         m = self.macro_of.get(src)
-        if not added or m is None or len(self.g.users(src)) != 1:
+        if not added or m is None:
             return
-        where = str(self.g[src].location)
+        if len(self.g.users(src)) == 1:
+            behind = [src]
+        elif src == a and a == self.st.block_output:
+            # the block output, changed in place (every reader reads the slice): the all-reduce may sit
+            # behind elementwise ops that only it reads (the FFN's row-parallel output, gated, added to
+            # the residual): XLA slices them, so the all-reduced value's readers keep one slice each
+            behind = sliced_behind(self.g, a, lambda x: self.macro_of.get(x) == m)
+        else:
+            return
+        wheres = {str(self.g[x].location) for x in behind}
         for e in evals[m, chosen[m].name].events:
-            if e.kind == "all-reduce" and e.where == where and set(e.axes) == set(added):
-                key = (e.kind, e.axes, e.bytes, self.g.generic(where))
+            if e.kind == "all-reduce" and e.where in wheres and set(e.axes) == set(added):
+                key = (e.kind, e.axes, e.bytes, self.g.generic(e.where))
                 events[key] -= times
                 events[("reduce-scatter",) + key[1:]] += times
                 if events[key] <= 0:

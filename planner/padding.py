@@ -23,7 +23,9 @@ from planner.plan import HeadPadding
 from planner.pricing import local_bytes
 from planner.strategies import Macro, Strategy, axis_sets
 
-PadHeads = Callable[[Mapping[str, int]], Graph]  # {block-generic module: padded heads} -> padded graph
+# {block-generic module: padded heads} -> padded graph; raises PlanError where the rewrite cannot pad
+# one as asked (the check a plan that names the padding meets in the backend; the option is then excluded)
+PadHeads = Callable[[Mapping[str, int]], Graph]
 
 
 def pad_targets(graph: Graph, macros: tuple[Macro, ...], mesh: MeshSpec, exclude=()) -> dict[str, HeadPadding]:

@@ -24,7 +24,7 @@ compute seconds, peak per-device tensor bytes, guards, and warnings for ops with
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Collection, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.cost_model import collective_seconds, op_seconds
@@ -33,6 +33,7 @@ from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.placements import Guard, Layout, as_number, local_shape, numel, shard_count
 from planner.rules import OpView, rule_for
+from planner.rules.pointwise import POINTWISE
 
 if TYPE_CHECKING:
     from planner.targets import Target
@@ -360,6 +361,38 @@ def _scatter_reduction(
         )
         del reduced[src.name]
         return
+    if read is None and held is None:
+        # behind elementwise ops only this output reads (an FFN's row-parallel output, gated, added
+        # to the residual, constrained after): the slice moves up to the all-reduce (GSPMD + XLA)
+        for x in sliced_behind(graph, node.name)[1:]:
+            i = reduced.get(x)
+            if i is not None and set(ev.events[i].axes) == added:
+                ev.events[i] = replace(
+                    ev.events[i],
+                    kind="reduce-scatter",
+                    reason=ev.events[i].reason + ", sliced after elementwise ops",
+                    seconds=collective_seconds("reduce-scatter", ev.events[i].bytes, ev.events[i].axes, mesh, hw),
+                )
+                del reduced[x]
+                return
+
+
+def sliced_behind(graph: Graph, name: str, within: Optional[Callable[[str], bool]] = None) -> list[str]:
+    """`name` and the values behind it through elementwise ops (`POINTWISE`) whose value only the
+    next of them reads (and `within` accepts): all of them reach the program only through `name`,
+    so where `name` is sliced the partitioned program computes just that slice of each (XLA moves the
+    slice up through the elementwise fusion). An all-reduce of one of them, read only sliced, is a
+    reduce-scatter."""
+    out, todo = [name], [name]
+    while todo:
+        n = graph[todo.pop()]
+        if n.op not in POINTWISE:
+            continue
+        for x in dict.fromkeys(n.inputs):
+            if x not in out and len(graph.users(x)) == 1 and (within is None or within(x)):
+                out.append(x)
+                todo.append(x)
+    return out
 
 
 def reduced_through(graph: Graph, name: str, stop: Collection[str] = ()) -> list[str]:

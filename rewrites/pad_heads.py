@@ -14,6 +14,10 @@ head-interleaved packing) and ``E = H' - H``::
     unflatten(x, dim, (H, ...)) -> unflatten(x, dim, (H', ...))           # the head split(s)
     w_o = F.pad(w_o, (0, E d))                                            # to_out's input columns
 
+An attention with several SDPAs (I2V's cross-attention: the text tokens' and the image tokens'
+``add_k_proj``/``add_v_proj``, one query, their sum into one to_out) is padded as one: every
+projection any of them reads, every head split and across-heads norm (``norm_added_k`` too).
+
 Why it is exact: heads are the major factor of every projection's rows (separate or
 head-interleaved), so the appended zero rows are whole extra heads whose q, k and v are 0. Their
 scores are all 0, their softmax a uniform average of their zero values: output 0, which meets
@@ -69,13 +73,15 @@ def pad_heads(gm: fx.GraphModule, pads: Mapping[str, int]) -> RewriteReport:
     """Pad the heads of every attention whose module path matches a key of `pads` (``*`` matches
     a block index) to that many; returns where it did and why it left a matching one alone."""
     where, skipped = [], []
+    by_module: dict[str, list[fx.Node]] = {}  # an I2V cross-attention has two SDPAs (text, image)
     for sdpa in [n for n in gm.graph.nodes if calls(n, SDPA)]:
-        path = module_path(sdpa)
+        by_module.setdefault(module_path(sdpa), []).append(sdpa)
+    for path, sdpas in by_module.items():
         target = next((h for p, h in pads.items() if fnmatch.fnmatchcase(path, p)), None)
         if target is None:
             continue
         try:
-            _pad(gm.graph, sdpa, path, int(target))
+            _pad(gm.graph, sdpas, path, int(target))
             where.append(path)
         except Skip as why:
             skipped.append(note(path, why))
@@ -87,28 +93,38 @@ def _operand(node: fx.Node, i: int, key: str):
     return node.args[i] if len(node.args) > i else node.kwargs.get(key)
 
 
-def _pad(graph: fx.Graph, sdpa: fx.Node, path: str, target: int) -> None:
-    heads, head_dim = shape(sdpa)[1], shape(sdpa)[-1]
+def _pad(graph: fx.Graph, sdpas: list[fx.Node], path: str, target: int) -> None:
+    """Pad the attention `path` whose SDPAs are `sdpas` (one; two for I2V's text and image
+    attention, which share the query and to_out: all are padded together or none)."""
+    heads, head_dim = shape(sdpas[0])[1], shape(sdpas[0])[-1]
+    if any((shape(s)[1], shape(s)[-1]) != (heads, head_dim) for s in sdpas):
+        raise Skip(f"its SDPAs differ in heads: {[tuple(shape(s)) for s in sdpas]}")
     if target <= heads:
         raise Skip(f"{heads} heads already; padding to {target} adds none")
     extra = target - heads
     inside = lambda n: module_path(n) == path or module_path(n).startswith(path + ".")  # noqa: E731
     projections: dict[fx.Node, None] = {}
-    for i, key in enumerate(("query", "key", "value")):
-        x = _operand(sdpa, i, key)
-        while isinstance(x, fx.Node) and not calls(x, LINEAR):
-            if not inside(x) or not x.all_input_nodes:
-                raise Skip(f"SDPA's {key} does not trace back to a projection inside {path}")
-            x = x.all_input_nodes[0]
-        if not isinstance(x, fx.Node) or not inside(x):
-            raise Skip(f"SDPA's {key} does not trace back to a projection inside {path}")
-        projections[x] = None
-    out_proj = sdpa
-    while not calls(out_proj, LINEAR):
-        users = list(out_proj.users)
-        if len(users) != 1 or not inside(users[0]):
-            raise Skip("SDPA's output does not reach to_out through single-user ops")
-        out_proj = users[0]
+    outs: dict[fx.Node, None] = {}
+    for sdpa in sdpas:
+        for i, key in enumerate(("query", "key", "value")):
+            x = _operand(sdpa, i, key)
+            while isinstance(x, fx.Node) and not calls(x, LINEAR):
+                if not inside(x) or not x.all_input_nodes:
+                    raise Skip(f"{sdpa.name}'s {key} does not trace back to a projection inside {path}")
+                x = x.all_input_nodes[0]
+            if not isinstance(x, fx.Node) or not inside(x):
+                raise Skip(f"{sdpa.name}'s {key} does not trace back to a projection inside {path}")
+            projections[x] = None
+        out_proj = sdpa
+        while not calls(out_proj, LINEAR):
+            users = list(out_proj.users)
+            if len(users) != 1 or not inside(users[0]):
+                raise Skip(f"{sdpa.name}'s output does not reach to_out through single-user ops")
+            out_proj = users[0]
+        outs[out_proj] = None
+    if len(outs) != 1:
+        raise Skip(f"its SDPAs reach {len(outs)} output projections, not one to_out")
+    (out_proj,) = outs
 
     # the ops between the projections and to_out: they see the heads
     between: dict[fx.Node, None] = {}
@@ -167,7 +183,7 @@ def _pad(graph: fx.Graph, sdpa: fx.Node, path: str, target: int) -> None:
             n.kwargs = {k: v for k, v in n.kwargs.items() if k != "eps"}
     for n in sorted(projections, key=order.__getitem__) + between_nodes:
         try:
-            n.meta["example_value"] = evaluate(n.op, n.target, n.args, n.kwargs, mode=fake_mode_of(value(sdpa)))
+            n.meta["example_value"] = evaluate(n.op, n.target, n.args, n.kwargs, mode=fake_mode_of(value(sdpas[0])))
         except Exception as e:  # an op with a hard-coded head count
             raise Skip(f"{n.name} ({n.target}) rejects {target} heads: {type(e).__name__}: {e}") from None
 

@@ -117,14 +117,14 @@ def test_auto_plan_md_golden(auto_dir):
 | model | tiny -- 2 blocks, 48 tokens per forward |
 | mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
 | hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
-| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 380 variables, 97 constraints |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.478 ms, 434 variables, 103 constraints |
 | predicted per forward | 0.478 ms = compute 0.324 ms (68 %) + comm 0.154 ms (32 %), no overlap assumed |
 | roofline | 3.97 MFLOP per device per forward; at 128 TFLOP/s x 70% that is 0.0443 us, so compute is 7311.0x its FLOP bound (memory-bound ops and launch floors make up the rest) |
 | memory per device | 0.0002457 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
 | weight sets | 1 resident per device (the memory budget holds 1x the weights) |
 | parallelism | SP: tokens over batch (2); TP: none in self-attention |
 | collectives per block | 7 big + 0 small (6 all-gather on batch, 1 all-reduce on model) |
-| parameters | 71 (17 sharded); 25 activation constraints |
+| parameters | 71 (17 sharded); 28 activation constraints |
 
 ## Decisions
 
@@ -186,6 +186,9 @@ Block total: 200.4 us (compute 133.9 us + comm 66.5 us) x 2 blocks = 0.401 ms pe
 | `rope:reshape#1` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
 | `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 0.0 |
 | `condition_embedder.time_embedder.linear_2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 64 (S(1), R) | 1 x 64 (R, R) | `(R, R)` | all-reduce on batch | 128 B | 21.9 |
+| `condition_embedder:type_as#0` | -- | 1 x 64 (R, R)<br>1 x 7 x 32 (R, R) | 1 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `condition_embedder.text_embedder.linear_2:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | `(R, R)` | -- | -- | 7.0 |
+| `:unflatten#0` | -- | 1 x 384 (R, R) | 1 x 6 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
 | `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 16 (R, R) | `(R, R)` | all-gather on batch | 1.5 KiB | 13.4 |
 
 Prologue 56.9 us, epilogue 20.6 us (compute + comm).
@@ -210,7 +213,7 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 
 - **chosen** `SP(batch)+KV-gather` (stream `(S(1), R)`, STATE A): the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device
 - **best rejected** `SP(batch)+KV-gather+FSDP`: the best plan with it instead costs 0.480 ms per forward (+0.001 ms)
-- other options priced: `replicated` 0.142 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms, `head-TP(batch)` 0.232 ms, `head-TP(batch)+seq(batch)` 0.235 ms, `SP(model)+KV-gather+FSDP` 0.279 ms, `head-TP(batch)+SP(model)` 0.282 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.287 ms, `head-TP(model)` 0.302 ms, `head-TP(model)+seq(model)` 0.309 ms, `head-TP(model)+SP(batch)` 0.333 ms, `head-TP(batch)+hidden(batch)` 0.333 ms, `head-TP(model)+SP(batch)+seq(model)` 0.342 ms, `head-TP(batch)+SP(model)+FSDP` 0.366 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.371 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.379 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.383 ms, `head-TP(model)+SP(batch)+FSDP` 0.385 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.393 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.467 ms, `head-TP(model)+hidden(model)` 0.485 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.516 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.568 ms
+- other options priced: `replicated` 0.142 ms, `Ulysses(batch)` 0.190 ms, `SP(model)+KV-gather` 0.193 ms, `Ulysses(model)` 0.228 ms, `SP(batchxmodel)+KV-gather` 0.231 ms, `head-TP(batch)` 0.232 ms, `head-TP(batch)+seq(batch)` 0.235 ms, `SP(model)+KV-gather+FSDP` 0.279 ms, `head-TP(batch)+SP(model)` 0.282 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.287 ms, `head-TP(model)` 0.302 ms, `Ulysses(batch+model)+pad(4->8)` 0.305 ms, `head-TP(model)+seq(model)` 0.309 ms, `Ulysses(batch+model)+pad(4->8)` 0.317 ms, `Ulysses(batch+model)+seq(batch)+pad(4->8)` 0.322 ms, `head-TP(model)+SP(batch)` 0.333 ms, `head-TP(batch)+hidden(batch)` 0.333 ms, `head-TP(model)+SP(batch)+seq(model)` 0.342 ms, `Ulysses(model+batch)+pad(4->8)` 0.349 ms, `Ulysses(model+batch)+seq(model)+pad(4->8)` 0.358 ms, `head-TP(batch)+SP(model)+FSDP` 0.366 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.371 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.379 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.383 ms, `head-TP(model)+SP(batch)+FSDP` 0.385 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.393 ms, `Ulysses(batch+model)+hidden(batch)+pad(4->8)` 0.419 ms, `head-TP(batchxmodel)+pad(4->8)` 0.442 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.457 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.467 ms, `head-TP(model)+hidden(model)` 0.485 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.516 ms, `Ulysses(model+batch)+hidden(model)+pad(4->8)` 0.532 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.568 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.788 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
 - plan total 0.478 ms per forward (SP(batch)+KV-gather: 0.174 ms of it, x2)
 - next best: SP(batch)+KV-gather+FSDP, plan total 0.480 ms (+0.001 ms: this macro +0.054 ms, stream-layout edges +0.000 ms, other macros -0.053 ms (attn2 -> SP(batch)))
@@ -221,7 +224,7 @@ Prologue 56.9 us, epilogue 20.6 us (compute + comm).
 
 - **chosen** `SP(batch)+FSDP` (stream `(S(1), R)`, STATE A): the best plan with it costs 0.478 ms per forward; 0.00 GB weights/device (weights sharded for memory)
 - **best rejected** `SP(batch)`: the best plan with it instead costs 0.480 ms per forward (+0.001 ms)
-- other options priced: `SP(batchxmodel)` 0.112 ms, `SP(model)` 0.112 ms, `replicated` 0.113 ms, `SP(model)+FSDP` 0.196 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.199 ms, `head-TP(batch)+seq(batch)` 0.200 ms, `head-TP(batch)+SP(model)` 0.202 ms, `head-TP(batch)` 0.203 ms, `SP(batchxmodel)+FSDP` 0.258 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.259 ms, `head-TP(batch)+hidden(batch)` 0.260 ms, `head-TP(model)+SP(batch)+seq(model)` 0.270 ms, `head-TP(model)+seq(model)` 0.271 ms, `head-TP(model)+SP(batch)` 0.273 ms, `head-TP(model)` 0.274 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.282 ms, `head-TP(batch)+SP(model)+FSDP` 0.285 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.321 ms, `head-TP(model)+SP(batch)+FSDP` 0.324 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.341 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.376 ms, `head-TP(model)+hidden(model)` 0.377 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.427 ms
+- other options priced: `SP(batchxmodel)` 0.112 ms, `SP(model)` 0.112 ms, `replicated` 0.113 ms, `SP(model)+FSDP` 0.196 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.199 ms, `head-TP(batch)+seq(batch)` 0.200 ms, `head-TP(batch)+SP(model)` 0.202 ms, `head-TP(batch)` 0.203 ms, `SP(batchxmodel)+FSDP` 0.258 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.259 ms, `head-TP(batch)+hidden(batch)` 0.260 ms, `head-TP(model)+SP(batch)+seq(model)` 0.270 ms, `head-TP(model)+seq(model)` 0.271 ms, `head-TP(model)+SP(batch)` 0.273 ms, `head-TP(model)` 0.274 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.282 ms, `head-TP(batch)+SP(model)+FSDP` 0.285 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.321 ms, `head-TP(model)+SP(batch)+FSDP` 0.324 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.341 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.376 ms, `head-TP(model)+hidden(model)` 0.377 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.411 ms, `head-TP(batchxmodel)+pad(4->8)` 0.414 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.427 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.610 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
 - plan total 0.478 ms per forward (SP(batch)+FSDP: 0.165 ms of it, x2)
 - next best: SP(batch), plan total 0.480 ms (+0.001 ms: this macro -0.053 ms, stream-layout edges +0.000 ms, other macros +0.054 ms (attn1 -> SP(batch)+KV-gather+FSDP to fit the memory budget))

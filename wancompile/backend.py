@@ -235,7 +235,9 @@ class HeadPadder:
         self._made: dict[frozenset, tuple] = {frozenset(): (gm, graph, (), ())}
 
     def __call__(self, pads: Mapping[str, int]) -> Graph:
-        return self._make(pads)[1]
+        """The planner graph with `pads` applied; raises PlanError as `graphs` does (one check for
+        the options the planner offers and the plans the backend builds)."""
+        return self.graphs(pads)[1]
 
     def graphs(self, pads: Mapping[str, int]) -> tuple[fx.GraphModule, Graph]:
         """(GraphModule, planner graph) with `pads` applied ({}: the model's); raises PlanError when

@@ -50,6 +50,8 @@ _UNARY = (
 _BINARY_ADDITIVE = ("add", "sub")
 _BINARY_MULTIPLICATIVE = ("mul", "truediv")
 _BINARY = ("eq", "floordiv", "ge", "gt", "le", "lt", "maximum", "minimum", "ne", "pow", "where")
+# every op above: an elementwise map, which commutes with slicing any dim
+POINTWISE = frozenset(_UNARY_LINEAR + _UNARY + _BINARY_ADDITIVE + _BINARY_MULTIPLICATIVE + _BINARY)
 
 
 def _broadcast(op: OpView, tensor_inputs: list[int]) -> tuple[tuple[Layout | None, ...], Layout]:
