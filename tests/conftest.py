@@ -63,17 +63,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+_LOGGER = __import__("logging").getLogger("wancompile")
+_LOGGER_STATE = (_LOGGER.handlers[:], _LOGGER.level, _LOGGER.propagate)  # as the session found it
+
+
 @pytest.fixture(autouse=True)
 def _wancompile_logger():
-    """The ``wancompile`` logger as each test found it: the CLI run in-process
-    (`wancompile.progress.setup_logging`) points it at that test's stderr and stops propagation, which
-    later tests' ``caplog`` would not see (and a closed stream would raise on)."""
-    import logging
-
-    log = logging.getLogger("wancompile")
-    saved = (log.handlers[:], log.level, log.propagate)
+    """The ``wancompile`` logger as the session found it, after each test: the CLI run in-process
+    (`wancompile.progress.setup_logging`, also from module-scoped fixtures) points it at that test's
+    stderr and stops propagation, which later tests' ``caplog`` would not see."""
     yield
-    log.handlers[:], log.level, log.propagate = saved[0], saved[1], saved[2]
+    _LOGGER.handlers[:] = _LOGGER_STATE[0]
+    _LOGGER.level, _LOGGER.propagate = _LOGGER_STATE[1], _LOGGER_STATE[2]
 
 
 @pytest.fixture(scope="session")
