@@ -43,7 +43,7 @@ from planner.plan import (
     model_geometry,
 )
 from planner.propagate import Evaluation, evaluate, redistribute, reduced_through
-from planner.strategies import Macro, Strategy, family_strategies, find_structure
+from planner.strategies import Macro, Strategy, dit_graph, family_strategies, find_structure
 from planner.targets import get_target
 
 
@@ -178,6 +178,7 @@ class DitFamily:
     ):
         if preset not in PRESETS:
             raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
+        graph = dit_graph(graph)  # stacks that are not transformer blocks planned op by op
         st = find_structure(graph)
         self.g, self.mesh, self.hw, self.st = graph, mesh, hw, st
         self.n, self.copies, self.vals = num_blocks or st.captured_blocks, weight_copies, dict(values or {})
@@ -1158,6 +1159,7 @@ def price_plan(
 ) -> Predicted:
     """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    graph = dit_graph(graph)
     st = find_structure(graph)
     n = num_blocks or st.captured_blocks
     vals = dict(values or {})
