@@ -43,7 +43,7 @@ from planner.plan import (
     model_geometry,
 )
 from planner.propagate import Evaluation, evaluate, redistribute, reduced_through, sliced_behind
-from planner.strategies import Macro, Strategy, family_strategies, find_structure
+from planner.strategies import Macro, Strategy, dit_graph, family_strategies, find_structure
 from planner.targets import get_target
 
 
@@ -178,6 +178,7 @@ class DitFamily:
     ):
         if preset not in PRESETS:
             raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
+        graph = dit_graph(graph)  # stacks that are not transformer blocks planned op by op
         st = find_structure(graph)
         self.g, self.mesh, self.hw, self.st = graph, mesh, hw, st
         self.n, self.copies, self.vals = num_blocks or st.captured_blocks, weight_copies, dict(values or {})
@@ -438,6 +439,8 @@ class DitFamily:
             values=self.vals,
             target=target,
         )
+        pro.layouts.update(epi.layouts)
+        pro.required.update(epi.required)
         pro.events.extend(epi.events)
         pro.compute_seconds += epi.compute_seconds
         pro.guards.extend(epi.guards)
@@ -1113,6 +1116,42 @@ class DitFamily:
                 acts.append(
                     ActivationConstraint(src.location, whole, src.out.shape, reason="tokens whole before SP padding")
                 )
+            # and sp_pad's unpadding slices outside the blocks (Animate's face adapter reads the padded
+            # stream, slices the true tokens back to group them by frame) read and make their planned
+            # layouts: left open, GSPMD kept the token split through the slice (a collective-permute
+            # shifting the shards onto the true token count), then gathered at the frame reshape
+            ends = self.ends(sigma0)
+            planned = ends.layouts
+            for cut in self.g:
+                src = self.g[cut.inputs[0]] if cut.op == "getitem" and cut.inputs else None
+                if (
+                    src is None
+                    or cut.block is not None
+                    or self.g.picks(cut) is not None
+                    or cut.location in pinned
+                    or not planned.get(cut.name)
+                    or not self._pads_tokens(src, cut)
+                ):
+                    continue
+                read = ends.required.get((cut.name, 0))
+                if read is not None:
+                    acts.append(
+                        ActivationConstraint(
+                            cut.location,
+                            read.to_spec(),
+                            src.out.shape,
+                            input=0,
+                            reason="padded tokens read by the unpadding slice as planned (resharded before it)",
+                        )
+                    )
+                acts.append(
+                    ActivationConstraint(
+                        cut.location,
+                        planned[cut.name][0].to_spec(),
+                        cut.out.shape,
+                        reason="tokens unpadded in their planned layout",
+                    )
+                )
         exit_ = self.g[self.st.exit]
         exit_lay = self.lift(exit_.name, Layout.replicated(len(exit_.out.shape)))
         acts.append(
@@ -1176,6 +1215,7 @@ def price_plan(
 ) -> Predicted:
     """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    graph = dit_graph(graph)
     st = find_structure(graph)
     n = num_blocks or st.captured_blocks
     vals = dict(values or {})

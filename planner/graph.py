@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import Any, Iterator, Optional, Union
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Iterator, Optional, Union
 
 import sympy
 
@@ -242,6 +242,21 @@ class Graph:
     def blocks(self, family: Optional[str] = None) -> list[int]:
         """The captured block indices, of one family (stack prefix) or of all."""
         return sorted({n.block for n in self.nodes if n.block is not None and family in (None, n.family)})
+
+    def without_families(self, prefixes: Iterable[str]) -> "Graph":
+        """This graph with the blocks of the families under `prefixes` read as plain ops (no block
+        index, no family): a planner that does not plan those stacks as blocks plans their ops one
+        by one, like any op outside the stacks. Node names and locations are unchanged."""
+        drop = set(prefixes) & set(self.block_prefixes)
+        if not drop:
+            return self
+        nodes = [replace(n, block=None, family=None) if n.family in drop else n for n in self.nodes]
+        return replace(
+            self,
+            nodes=nodes,
+            block_prefixes=tuple(p for p in self.block_prefixes if p not in drop),
+            families=tuple(f for f in self.families if f.prefix not in drop),
+        )
 
     def family(self, prefix: str) -> BlockFamily:
         """The family of blocks under `prefix` (``blocks``, ``vace_blocks``)."""

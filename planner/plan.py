@@ -582,7 +582,7 @@ class Plan:
                 parts.append(f"{len(unknown)} parameter(s) the model does not have (e.g. {', '.join(unknown[:3])})")
             if missing:
                 parts.append(f"no spec for {len(missing)} of the model's parameter(s) (e.g. {', '.join(missing[:3])})")
-            blocks = len(graph.blocks())
+            blocks = len(graph.blocks("blocks"))  # the stack `layers` counts
             if self.layers and blocks and self.layers != blocks:
                 parts.append(f"it covers {self.layers} layers, this model has {blocks}")
             raise PlanError(

@@ -180,19 +180,43 @@ def _roots(graph: Graph, nodes: list[Node]) -> dict[str, str]:
     return out
 
 
-def _block_macros(graph: Graph, b0: list[Node], root0: str) -> tuple[Macro, ...]:
-    """One block's macros: children of the block root with attention or two linears; every other op
-    of the block (norms, adaLN, residual adds, single projections) joins the next macro."""
+def _macro_children(b0: list[Node], root0: str) -> list[str]:
+    """The children of block `root0` (its ops `b0`) that are macros: attention, or two linears."""
     by_child: dict[str, list[Node]] = {}
     for n in b0:
         c = _child(n.module, root0)
         if c is not None:
             by_child.setdefault(c, []).append(n)
-    macro_children = [
+    return [
         c
         for c, ns in by_child.items()
         if any(n.op == "scaled_dot_product_attention" for n in ns) or sum(n.op == "linear" for n in ns) >= 2
     ]
+
+
+def dit_graph(graph: Graph) -> Graph:
+    """The graph as the DiT planner reads it: a block family is a stack of transformer blocks (each
+    block has a macro child, `_block_macros`) or its ops are plain ops. Wan Animate's
+    ``motion_encoder.res_blocks`` (conv residual blocks of the prologue) and ``face_adapter`` (each
+    block one cross-attention module: its SDPA in the block itself, no attention or MLP child; it
+    reads the main stream after every ``inject_face_latents_blocks``-th block and its output is added
+    back to it) are planned op by op, the face adapters as glue between the main blocks."""
+    ops: dict[str, list[Node]] = {}
+    for n in graph:
+        root = graph.block_root(n) if n.op != "placeholder" else None
+        if root is not None:
+            ops.setdefault(root, []).append(n)
+    first = {f.prefix: f"{f.prefix}.{f.indices[0]}" for f in graph.families if f.indices}
+    plain = [p for p, root in first.items() if not _macro_children(ops.get(root, []), root)]
+    if len(plain) == len(first):  # no transformer stack at all: `find_structure` says why
+        return graph
+    return graph.without_families(plain)
+
+
+def _block_macros(graph: Graph, b0: list[Node], root0: str) -> tuple[Macro, ...]:
+    """One block's macros: children of the block root with attention or two linears; every other op
+    of the block (norms, adaLN, residual adds, single projections) joins the next macro."""
+    macro_children = _macro_children(b0, root0)
     if not macro_children:
         raise StructureError(f"block {root0} has no attention and no two-linear child: nothing to plan as a macro")
     assign: dict[str, str] = {}
@@ -259,6 +283,9 @@ def _family(graph: Graph, prefix: str, roots: list[str], of: dict[str, str], nod
 
 
 def find_structure(graph: Graph) -> Structure:
+    """The `Structure` of `dit_graph(graph)` (the graph the DiT planner plans; pass that graph to
+    whatever reads the structure's node sets)."""
+    graph = dit_graph(graph)
     nodes = [n for n in graph if n.op not in ("placeholder", "output")]
     if not graph.blocks():
         raise StructureError("no repeated blocks in the graph (is this a Wan DiT?)")

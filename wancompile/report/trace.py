@@ -32,7 +32,7 @@ from planner.hardware import HardwareProfile, default_hardware, get_profile
 from planner.placements import Layout
 from planner.plan import Plan, spec_to_json
 from planner.propagate import evaluate
-from planner.strategies import family_of, find_structure
+from planner.strategies import dit_graph, family_of, find_structure
 
 TRACE_VERSION = 2
 
@@ -82,6 +82,7 @@ def trace_plan(
         else get_profile(hardware or plan.hardware or default_hardware(plan.mesh))
     )
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
+    graph = dit_graph(graph)  # as the planner read it: stacks that are not transformer blocks, op by op
     st = find_structure(graph)
     n_blocks = num_blocks or plan.layers or st.captured_blocks
     mesh = plan.mesh
