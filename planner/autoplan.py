@@ -42,7 +42,7 @@ from planner.plan import (
     Predicted,
     model_geometry,
 )
-from planner.propagate import Evaluation, evaluate, redistribute, reduced_through
+from planner.propagate import Evaluation, evaluate, redistribute, reduced_through, sliced_first
 from planner.strategies import Macro, Strategy, family_strategies, find_structure
 from planner.targets import get_target
 
@@ -727,8 +727,9 @@ class DitFamily:
             for kind, axes, shape in moves:
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += times
-            if not moves:
-                self._scatter_into_slice(events, a, self.stream(b), self.stream(l_sig), chosen, evals, times)
+            sliced = sliced_first(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh)
+            if sliced:
+                self._scatter_into_slice(events, a, sliced, chosen, evals, times)
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
@@ -850,13 +851,11 @@ class DitFamily:
                 ]
         return tuple(out)
 
-    def _scatter_into_slice(
-        self, events: Counter, a: str, have: Layout, want: Layout, chosen, evals, times: int
-    ) -> None:
-        """Stream value `a` sliced from `have` into `want` where the op behind it (past pass-throughs)
-        all-reduces its partial sums over the axes the slice adds: GSPMD's all-reduce + slice, one
+    def _scatter_into_slice(self, events: Counter, a: str, added: tuple[str, ...], chosen, evals, times: int) -> None:
+        """Stream value `a` sliced onto `added` first in its reshard (`planner.propagate.sliced_first`: a
+        pure slice, or the slice before a minor-factor all-to-all) where the op behind it (past
+        pass-throughs) all-reduces its partial sums over those axes: GSPMD's all-reduce + slice, one
         reduce-scatter (`planner.propagate`), as the whole-graph propagation reads it too."""
-        added = tuple(x for x in self.mesh.axis_names if x in want.axes and x not in have.axes)
         src = reduced_through(self.g, a)[-1]
         m = self.macro_of.get(src)
         if not added or m is None or len(self.g.users(src)) != 1:
