@@ -366,6 +366,12 @@ class DitFamily:
         """The option's evaluation: in GSPMD's collectives (what the plan records), or with `priced` in
         the target's (what the solver weighs)."""
         stream = {x: self.stream(s.stream) for x in self.crossing(m)} if m.in_block else {}
+        forced = dict(s.forced)
+        for x in [x for x in stream if x in {e for f in self.st.families for e in f.entries}]:
+            readers = self._entry_projections(x)
+            if any(stream[x].dims) and readers:  # as `_family_entries` pins it: whole, split by its projection
+                forced.update({u.name: stream[x] for u in readers if u.name in m.nodes})
+                stream[x] = self.lift(x, Layout.replicated(len(self.g[x].out.shape)))
         return pricing.evaluate_option(
             self.g,
             m.nodes,
@@ -373,7 +379,7 @@ class DitFamily:
             self.hw,
             params=s.params,
             stream=stream,
-            forced=s.forced,
+            forced=forced,
             values=self.vals,
             base=self.base,
             target=self.target if priced else None,
@@ -784,6 +790,11 @@ class DitFamily:
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
+    def _entry_projections(self, x: str) -> list:
+        """The projections reading a further family's entry `x` (VACE's ``proj_in``): linears whose
+        output has the entry's shape."""
+        return [u for u in self.g.users(x) if u.op == "linear" and u.out.shape == self.g[x].out.shape]
+
     def _family_entries(self, chosen) -> tuple[ActivationConstraint, ...]:
         """Each further family's entries (VACE's control tokens: patch-embedded, then ``cat`` with zero
         padding) in the layout its first macro reads them, the values they are made from whole: left
@@ -819,7 +830,7 @@ class DitFamily:
                                 reason="block-family patch embedding whole",
                             )
                         )
-                readers = [u for u in self.g.users(x) if u.op == "linear" and u.out.shape == node.out.shape]
+                readers = self._entry_projections(x)
                 if not any(lay.dims) or not readers:
                     out.append(
                         ActivationConstraint(

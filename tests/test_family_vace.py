@@ -129,9 +129,8 @@ def compile_case(name: str) -> dict:
 
 KNOWN_MISMATCH = pytest.mark.xfail(
     strict=True,
-    reason="the tightest plans mix split stream layouts across the two families (main +seq(model), control "
-    "+hidden(model) / +seq(batch)): PCC 1.0 but GSPMD adds all-to-alls and collective-permutes the plan does not "
-    "predict; the STATE A tight plan (tight-state-a) is exact",
+    reason="with every rewrite the tightest plan mixes split stream layouts across the two families: PCC 1.0 but "
+    "GSPMD adds all-gathers, all-reduces and all-to-alls over batch the plan does not predict",
 )
 
 
@@ -140,7 +139,7 @@ KNOWN_MISMATCH = pytest.mark.xfail(
     [
         "default",
         "tight-state-a",
-        pytest.param("tight", marks=KNOWN_MISMATCH),
+        "tight",
         pytest.param("tight-rewrites", marks=KNOWN_MISMATCH),
     ],
 )
