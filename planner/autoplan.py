@@ -595,9 +595,12 @@ class DitFamily:
         return {x for f in self.st.families for x in f.entries}
 
     def glue_reads(self) -> list[tuple[str, int]]:
-        """(glue op, input index) for every stream value of a further family the glue reads."""
+        """(glue or epilogue op, input index) for every stream value of a further family read there (the
+        VACE hints: added after each main block, the last one's add in the epilogue); both run in the
+        main first macro's layout (`ends`)."""
         family = {x for m in self.st.family_macros for x in m.nodes}
-        return [(x, i) for x in self.st.glue for i, inp in enumerate(self.g[x].inputs) if inp in family]
+        tail = self.st.glue + self.st.epilogue
+        return [(x, i) for x in tail for i, inp in enumerate(self.g[x].inputs) if inp in family]
 
     def entries_seconds(self, family, key) -> float:
         """A family's entries moved from their prologue layout into stream layout `key`."""
@@ -904,7 +907,9 @@ class DitFamily:
                 continue
             # a family value goes to the main first macro only through the glue that reads it
             reading = (
-                self.st.glue if dst == first.name else next(m for m in self.st.family_macros if m.name == dst).nodes
+                self.st.glue + self.st.epilogue
+                if dst == first.name
+                else next(m for m in self.st.family_macros if m.name == dst).nodes
             )
             for x in xs:
                 readers = [(n, i) for n in reading for i, inp in enumerate(self.g[n].inputs) if inp == x]

@@ -127,20 +127,13 @@ def compile_case(name: str) -> dict:
     }
 
 
-KNOWN_MISMATCH = pytest.mark.xfail(
-    strict=True,
-    reason="with every rewrite the tightest plan mixes split stream layouts across the two families: PCC 1.0 but "
-    "GSPMD adds all-gathers, all-reduces and all-to-alls over batch the plan does not predict",
-)
-
-
 @pytest.mark.parametrize(
     "name",
     [
         "default",
         "tight-state-a",
         "tight",
-        pytest.param("tight-rewrites", marks=KNOWN_MISMATCH),
+        "tight-rewrites",
     ],
 )
 def test_vace_compiles_to_its_prediction(name):
