@@ -42,7 +42,7 @@ from planner.plan import (
     Predicted,
     model_geometry,
 )
-from planner.propagate import Evaluation, evaluate, redistribute, reduced_through, sliced_behind
+from planner.propagate import Evaluation, evaluate, redistribute, reduced_through, sliced_behind, sliced_first
 from planner.strategies import Macro, Strategy, dit_graph, family_strategies, find_structure
 from planner.targets import get_target
 
@@ -376,6 +376,12 @@ class DitFamily:
         """The option's evaluation: in GSPMD's collectives (what the plan records), or with `priced` in
         the target's (what the solver weighs)."""
         stream = {x: self.stream(s.stream) for x in self.crossing(m)} if m.in_block else {}
+        forced = dict(s.forced)
+        for x in [x for x in stream if x in {e for f in self.st.families for e in f.entries}]:
+            readers = self._entry_projections(x)
+            if any(stream[x].dims) and readers:  # as `_family_entries` pins it: whole, split by its projection
+                forced.update({u.name: stream[x] for u in readers if u.name in m.nodes})
+                stream[x] = self.lift(x, Layout.replicated(len(self.g[x].out.shape)))
         return pricing.evaluate_option(
             self.g,
             m.nodes,
@@ -383,7 +389,7 @@ class DitFamily:
             self.hw,
             params=s.params,
             stream=stream,
-            forced=s.forced,
+            forced=forced,
             values=self.vals,
             base=self.base,
             target=self.target if priced else None,
@@ -601,9 +607,12 @@ class DitFamily:
         return {x for f in self.st.families for x in f.entries}
 
     def glue_reads(self) -> list[tuple[str, int]]:
-        """(glue op, input index) for every stream value of a further family the glue reads."""
+        """(glue or epilogue op, input index) for every stream value of a further family read there (the
+        VACE hints: added after each main block, the last one's add in the epilogue); both run in the
+        main first macro's layout (`ends`)."""
         family = {x for m in self.st.family_macros for x in m.nodes}
-        return [(x, i) for x in self.st.glue for i, inp in enumerate(self.g[x].inputs) if inp in family]
+        tail = self.st.glue + self.st.epilogue
+        return [(x, i) for x in tail for i, inp in enumerate(self.g[x].inputs) if inp in family]
 
     def entries_seconds(self, family, key) -> float:
         """A family's entries moved from their prologue layout into stream layout `key`."""
@@ -739,8 +748,9 @@ class DitFamily:
             for kind, axes, shape in moves:
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += times
-            if not moves:
-                self._scatter_into_slice(events, a, self.stream(b), self.stream(l_sig), chosen, evals, times)
+            sliced = sliced_first(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh)
+            if sliced:
+                self._scatter_into_slice(events, a, sliced, chosen, evals, times)
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         params = self._params(chosen)
@@ -795,6 +805,11 @@ class DitFamily:
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
+    def _entry_projections(self, x: str) -> list:
+        """The projections reading a further family's entry `x` (VACE's ``proj_in``): linears whose
+        output has the entry's shape."""
+        return [u for u in self.g.users(x) if u.op == "linear" and u.out.shape == self.g[x].out.shape]
+
     def _family_entries(self, chosen) -> tuple[ActivationConstraint, ...]:
         """Each further family's entries (VACE's control tokens: patch-embedded, then ``cat`` with zero
         padding) in the layout its first macro reads them, the values they are made from whole: left
@@ -830,7 +845,7 @@ class DitFamily:
                                 reason="block-family patch embedding whole",
                             )
                         )
-                readers = [u for u in self.g.users(x) if u.op == "linear" and u.out.shape == node.out.shape]
+                readers = self._entry_projections(x)
                 if not any(lay.dims) or not readers:
                     out.append(
                         ActivationConstraint(
@@ -862,13 +877,11 @@ class DitFamily:
                 ]
         return tuple(out)
 
-    def _scatter_into_slice(
-        self, events: Counter, a: str, have: Layout, want: Layout, chosen, evals, times: int
-    ) -> None:
-        """Stream value `a` sliced from `have` into `want` where the op behind it (past pass-throughs)
-        all-reduces its partial sums over the axes the slice adds: GSPMD's all-reduce + slice, one
+    def _scatter_into_slice(self, events: Counter, a: str, added: tuple[str, ...], chosen, evals, times: int) -> None:
+        """Stream value `a` sliced onto `added` first in its reshard (`planner.propagate.sliced_first`: a
+        pure slice, or the slice before a minor-factor all-to-all) where the op behind it (past
+        pass-throughs) all-reduces its partial sums over those axes: GSPMD's all-reduce + slice, one
         reduce-scatter (`planner.propagate`), as the whole-graph propagation reads it too."""
-        added = tuple(x for x in self.mesh.axis_names if x in want.axes and x not in have.axes)
         src = reduced_through(self.g, a)[-1]
         m = self.macro_of.get(src)
         if not added or m is None:
@@ -915,7 +928,9 @@ class DitFamily:
                 continue
             # a family value goes to the main first macro only through the glue that reads it
             reading = (
-                self.st.glue if dst == first.name else next(m for m in self.st.family_macros if m.name == dst).nodes
+                self.st.glue + self.st.epilogue
+                if dst == first.name
+                else next(m for m in self.st.family_macros if m.name == dst).nodes
             )
             for x in xs:
                 readers = [(n, i) for n in reading for i, inp in enumerate(self.g[n].inputs) if inp == x]

@@ -18,7 +18,9 @@ query still sees all L real keys, so no row is fully masked). Padded rows comput
 (zeros through LayerNorm/RMSNorm stay finite) that the exit cut drops. Cross-attention keys come
 from the prompt, not from padded tensors, and are left alone.
 
-Where: the block stack is the nodes of modules ``blocks.N``, extended forward through the per-token
+Where: the block stack is the nodes of modules ``blocks.N`` and of every further top-level block family
+(VACE's ``vace_blocks.N``: its hints are added to the main stream, so both stacks run on L + P tokens
+and the control stack's self-attention is masked too), extended forward through the per-token
 tail (``norm_out``, the output modulation, ``proj_out``: ops whose result still has L at dim 1) up to
 the reshape that unpatchifies. Entries are the tensors with L at dim 1 that it reads (not parameters;
 a tensor feeding ``attn2``, the prompt, never is), or with L at an inner dim: diffusion forcing
@@ -53,7 +55,7 @@ from ._core import (
     value,
 )
 
-BLOCK = re.compile(r"^blocks\.\d+(\.|$)")
+BLOCK = re.compile(r"^(\w+_)?blocks\.\d+(\.|$)")  # every top-level block family: blocks.N, vace_blocks.N
 CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
 
 

@@ -24,7 +24,7 @@ CASES = {"default": {}, "tight": {"tight": True}, "tight+rewrites": {"tight": Tr
 # predicted != compiled on these plans (planner fidelity gaps, not specific to the families: GSPMD's
 # reshards between stream layouts across the tokens and hidden dims are not all modelled yet, see
 # docs/planner.md); recorded, not hidden
-MISPREDICTED = {("chronoedit", "tight")}
+MISPREDICTED: set = set()
 
 _RUNS: dict = {}
 

@@ -127,21 +127,13 @@ def compile_case(name: str) -> dict:
     }
 
 
-KNOWN_MISMATCH = pytest.mark.xfail(
-    strict=True,
-    reason="the tightest plans mix split stream layouts across the two families (main +seq(model), control "
-    "+hidden(model) / +seq(batch)): PCC 1.0 but GSPMD adds all-to-alls and collective-permutes the plan does not "
-    "predict; the STATE A tight plan (tight-state-a) is exact",
-)
-
-
 @pytest.mark.parametrize(
     "name",
     [
         "default",
         "tight-state-a",
-        pytest.param("tight", marks=KNOWN_MISMATCH),
-        pytest.param("tight-rewrites", marks=KNOWN_MISMATCH),
+        "tight",
+        "tight-rewrites",
     ],
 )
 def test_vace_compiles_to_its_prediction(name):

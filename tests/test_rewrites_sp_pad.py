@@ -200,3 +200,35 @@ def test_a_padding_the_backend_could_not_do_is_warned_and_on_the_plans_record(ca
     assert reason in caplog.text
     plan = Plan.from_json({**Plan("m", parse_mesh("2x4"), {}).to_json(), "rewrites": [record.to_json()]})
     assert plan.rewrites == (RewriteRecord("sp_pad", 0, (), (reason,)),)
+
+
+class ControlStack(nn.Module):
+    """VACE's shape: a control stack (``vace_blocks``) over its own tokens and the main entry, whose
+    hints are added to the main blocks' outputs, the last one after the last block."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Block(), Block()])
+        self.vace_blocks = nn.ModuleList([Block(), Block()])
+        self.proj_out = nn.Linear(4, 4, bias=False)
+
+    def forward(self, x, control, context):
+        hints = []
+        for block in self.vace_blocks:
+            control = block(control + x, context)
+            hints.append(control)
+        for block, hint in zip(self.blocks, hints):
+            x = block(x, context) + hint
+        return self.proj_out(x).reshape(1, 1, 5, 4)
+
+
+def test_every_block_family_is_padded_and_masked():
+    """The control stack's hints meet the main stream, so both stacks run on the padded tokens: every
+    self-attention of both is masked, the control tokens padded once, the sum exact."""
+    torch.manual_seed(0)
+    ((gm, inputs),) = capture(ControlStack().eval(), torch.randn(1, 5, 4), torch.randn(1, 5, 4), torch.randn(1, 3, 4))
+    expected = run(gm, inputs)
+    _, (report,) = apply_rewrites(gm, ["sp_pad"], RewriteContext(sp_multiple=4))
+    assert sorted(report.where) == ["blocks.0.attn1", "blocks.1.attn1", "vace_blocks.0.attn1", "vace_blocks.1.attn1"]
+    assert sum(1 for n in gm.graph.nodes if n.target is F.pad) == 2  # the main tokens and the control tokens
+    assert (run(gm, inputs) - expected).abs().max().item() <= 1e-6

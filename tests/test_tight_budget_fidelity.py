@@ -79,6 +79,8 @@ _CROSS_DIM = [
     ((("batch",), ()), ((), ("model", "batch"))),
     (((), ("model",)), (("batch", "model"), ())),
     (((), ("model",)), (("model",), ("batch",))),  # moved first, sliced after
+    ((("batch",), ("model",)), (("model",), ())),  # batch all-gathered off the tokens first
+    ((("model",), ("batch",)), ((), ("model",))),
 ]
 
 
