@@ -200,31 +200,9 @@ class DitFamily:
         self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if pad_heads is not None else {}
         self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or why not
 
-    def on(self, mesh: MeshSpec) -> "DitFamily":
-        """The same model and options on another mesh (no batch axes)."""
-        return DitFamily(
-            self.g,
-            mesh,
-            self.hw,
-            num_blocks=self.n,
-            weight_copies=self.copies,
-            values=self.vals,
-            sequence_parallel=self.sequence_parallel,
-            only=self.only,
-            stream_layouts=self.stream_layouts,
-            preset=self.preset,
-            model=self.model,
-            target=self.target_name,
-            pad_heads=self.pad_heads,
-        )
-
-    def _padded(self, pads: Mapping[str, HeadPadding]) -> "DitFamily":
-        """This family on the graph with the attentions of `pads` padded (no padded options of its own)."""
-        graph = self.pad_heads({p.module: p.padded for p in pads.values()})
-        return DitFamily(
-            graph,
-            self.mesh,
-            self.hw,
+    def _with(self, graph: Optional[Graph] = None, mesh: Optional[MeshSpec] = None, **changes) -> "DitFamily":
+        """This family's model and options, with `changes` (keyword arguments of the constructor)."""
+        options = dict(
             num_blocks=self.n,
             weight_copies=self.copies,
             values=self.vals,
@@ -235,7 +213,17 @@ class DitFamily:
             preset=self.preset,
             model=self.model,
             target=self.target_name,
+            pad_heads=self.pad_heads,
         )
+        return DitFamily(graph or self.g, mesh or self.mesh, self.hw, **{**options, **changes})
+
+    def on(self, mesh: MeshSpec) -> "DitFamily":
+        """The same model and options on another mesh (no batch axes)."""
+        return self._with(mesh=mesh, batch_axes=())
+
+    def _padded(self, pads: Mapping[str, HeadPadding]) -> "DitFamily":
+        """This family on the graph with the attentions of `pads` padded (no padded options of its own)."""
+        return self._with(self.pad_heads({p.module: p.padded for p in pads.values()}), pad_heads=None)
 
     def variant(self, name: str) -> Optional[tuple["DitFamily", Macro]]:
         """(family on the graph with macro `name` padded, the macro there), or None where the
