@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+if __name__ != "conftest":  # a second copy (``tests.conftest``) would point XLA_FLAGS at another dump dir
+    raise ImportError("import test helpers with `from conftest import ...`, not as tests.conftest")
 ROOT = Path(__file__).resolve().parents[1]
 HLO_DUMP = Path(tempfile.mkdtemp(prefix="wancompile-test-hlo-"))
 os.environ.setdefault("PJRT_DEVICE", "CPU")

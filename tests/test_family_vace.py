@@ -137,7 +137,7 @@ def compile_case(name: str) -> dict:
     ],
 )
 def test_vace_compiles_to_its_prediction(name):
-    from tests.conftest import assert_matches_prediction, fidelity_rows
+    from conftest import assert_matches_prediction, fidelity_rows
 
     (row,), _ = fidelity_rows([__file__, name], 8, 1)
     where = f"{name}: {row['strategies']}\n" + "\n".join(row["table"])
@@ -147,23 +147,6 @@ def test_vace_compiles_to_its_prediction(name):
         for block in ("blocks.0", "blocks.1", "vace_blocks.0", "vace_blocks.1"):
             specs = [s for p, s in row["params"].items() if p.startswith(block + ".")]
             assert any(any(e for e in s) for s in specs), f"{block} left fully replicated\n{where}"
-
-
-if __name__ == "__main__":
-    import json
-    import sys
-    import tempfile
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from wancompile import runtime
-
-    runtime.configure(num_devices=8, dump_dir=Path(tempfile.mkdtemp(prefix="wancompile-vace-")) / "hlo")
-    for case in sys.argv[1:]:
-        row = compile_case(case)
-        print("FIDELITY " + json.dumps(row), flush=True)
-        print(f"{case}: PCC {row['pcc']:.7f} eager {row['pcc_eager']:.7f} sharded {row['sharded_fraction']:.3f}")
-        print("\n".join(row["table"]), flush=True)
 
 
 def test_the_dump_shows_one_block_of_each_family(vace):
@@ -184,3 +167,20 @@ def test_the_dump_shows_one_block_of_each_family(vace):
     assert "## One `vace_blocks` block, op by op (`vace_blocks.*`, ×2)" in render_markdown(rep)
     segments = {s: t for s, t, _, _ in rep.segment_costs()}
     assert segments == {"prologue": 1, "block": 2, "vace_blocks": 2, "epilogue": 1}
+
+
+if __name__ == "__main__":
+    import json
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from wancompile import runtime
+
+    runtime.configure(num_devices=8, dump_dir=Path(tempfile.mkdtemp(prefix="wancompile-vace-")) / "hlo")
+    for case in sys.argv[1:]:
+        row = compile_case(case)
+        print("FIDELITY " + json.dumps(row), flush=True)
+        print(f"{case}: PCC {row['pcc']:.7f} eager {row['pcc_eager']:.7f} sharded {row['sharded_fraction']:.3f}")
+        print("\n".join(row["table"]), flush=True)
