@@ -107,15 +107,10 @@ def test_fuzz_long_tail(devices):
     _run_in_subprocess([c for c in SLOW if c.devices == devices])
 
 
-# The fixed subset judged on tt-mlir too (pinned plans; TTNN collectives == the tt-mlir prediction). The
-# open miss (docs/tenstorrent.md): f10 (2x1, SP along a line's only axis), where TTNN is as predicted but
-# GSPMD, compiling the same pinned program on CPU, fuses two all-reduce + slice pairs into reduce-scatters
-# the plan (priced for tt-mlir, which does not fuse across a constraint) predicts as all-reduces. Strict:
-# a fix shows. f13 (4x1) and 1x2-3h (3 heads on 1x2) were misses until the planner priced tt-mlir's
-# reshards and the pins read weights in the layout the plan gathers them to.
-TT_MISSES = {
-    "f10-2x1-12h4-L2-ffn200-lat1x2x5-p111-txt16-min",
-}
+# The fixed subset judged on tt-mlir too (pinned plans; TTNN collectives == the tt-mlir prediction). f13 (4x1)
+# and 1x2-3h (3 heads on 1x2) were misses until the planner priced tt-mlir's reshards and the pins read weights in
+# the layout the plan gathers them to; f10 (2x1) until the GSPMD prediction of the same pinned program counted the
+# all-reduce + slice pairs XLA fuses into reduce-scatters (`planner.propagate.sliced_behind`, `sliced_first`).
 TT_CASES = sorted(i for i in DEFAULT if ALL[i].mesh != (4, 2))  # no committed system holds a 4x2 mesh
 
 
@@ -133,16 +128,6 @@ def test_fuzz_on_tt_mlir_8_devices(case_id):
 
 
 @_needs_tt()
-@pytest.mark.parametrize("devices", sorted({ALL[i].devices for i in TT_CASES if i not in TT_MISSES} - {8}))
+@pytest.mark.parametrize("devices", sorted({ALL[i].devices for i in TT_CASES} - {8}))
 def test_fuzz_on_tt_mlir_in_a_subprocess(devices):
-    _run_in_subprocess(
-        [ALL[i] for i in TT_CASES if ALL[i].devices == devices and i not in TT_MISSES], "tt-mlir", _judge_tt
-    )
-
-
-@_needs_tt()
-@pytest.mark.slow
-@pytest.mark.parametrize("case_id", sorted(TT_MISSES))
-@pytest.mark.xfail(strict=True, reason="open tt-mlir misses (docs/tenstorrent.md)")
-def test_fuzz_on_tt_mlir_open_misses(case_id):
-    _run_in_subprocess([ALL[case_id]], "tt-mlir", _judge_tt)
+    _run_in_subprocess([ALL[i] for i in TT_CASES if ALL[i].devices == devices], "tt-mlir", _judge_tt)
