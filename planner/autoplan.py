@@ -256,9 +256,20 @@ class DitFamily:
         if isinstance(found, str):
             return [], [Exclusion(f"pad heads {pad.heads}->{pad.padded}", found)]
         fam, vm = found
-        opts, _ = family_strategies(
-            fam.g,
-            vm,
+        opts, _ = self._strategies(fam.g, vm)
+        out = [
+            dc_replace(fam.lift_strategy(s), name=f"{s.name}+pad({pad.heads}->{pad.padded})", pad_heads=pad.padded)
+            for s in opts
+            if needs_padding(self.mesh, m.width, s)
+        ]
+        return out, []
+
+    def _strategies(self, graph: Graph, m: Macro) -> tuple[list[Strategy], list[Exclusion]]:
+        """`family_strategies` of macro `m` of `graph` (this graph, or one with heads padded) under this
+        family's options."""
+        return family_strategies(
+            graph,
+            m,
             self.mesh,
             self.st.tokens,
             tile=self.hw.tile,
@@ -266,12 +277,6 @@ class DitFamily:
             exclude=self.batch_axes,
             hidden=self.hidden,
         )
-        out = [
-            dc_replace(fam.lift_strategy(s), name=f"{s.name}+pad({pad.heads}->{pad.padded})", pad_heads=pad.padded)
-            for s in opts
-            if needs_padding(self.mesh, m.width, s)
-        ]
-        return out, []
 
     def _family_of(self, m: Macro, s: Strategy) -> tuple["DitFamily", Macro]:
         """Where option `s` of `m` is priced: this graph, or the one with `m`'s heads padded."""
@@ -445,16 +450,7 @@ class DitFamily:
         groups, tables, excluded, evals = [], {}, {}, {}
         first = self.st.block_macros[0].name
         for m in self.macros:
-            opts, why = family_strategies(
-                self.g,
-                m,
-                self.mesh,
-                self.st.tokens,
-                tile=self.hw.tile,
-                values=self.vals,
-                exclude=self.batch_axes,
-                hidden=self.hidden,
-            )
+            opts, why = self._strategies(self.g, m)
             opts = [self.lift_strategy(s) for s in opts]
             padded, why_padded = self._padded_options(m)
             opts, why = opts + padded, why + why_padded
