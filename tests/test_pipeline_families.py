@@ -96,20 +96,18 @@ def build(kind: str):
         from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
         from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-        from wancompile.models import TINY_PIPELINE_TRANSFORMER
+        from wancompile.models import FAMILIES, TINY_PIPELINE_TRANSFORMER
 
+        # the tiny Animate family's motion encoder and face adapters (its default motion batch size)
+        motion = {
+            k: v
+            for k, v in FAMILIES["animate"].transformer.items()
+            if k.startswith(("motion_", "face_", "inject_")) and k != "motion_encoder_batch_size"
+        }
         parts = _components(16)
         torch.manual_seed(0)
         parts["transformer"] = WanAnimateTransformer3DModel(
-            **dict(TINY_PIPELINE_TRANSFORMER, in_channels=36, image_dim=4),
-            motion_encoder_size=16,
-            motion_encoder_channel_sizes={"4": 16, "8": 16, "16": 16},
-            motion_style_dim=8,
-            motion_dim=4,
-            motion_encoder_dim=16,
-            face_encoder_hidden_dim=16,
-            face_encoder_num_heads=2,
-            inject_face_latents_blocks=2,
+            **dict(TINY_PIPELINE_TRANSFORMER, in_channels=36, image_dim=4), **motion
         ).eval()
         torch.manual_seed(0)
         encoder = CLIPVisionModelWithProjection(
