@@ -20,9 +20,15 @@ collective-permute  halo bytes                 one neighbour transfer
 gather over ``("batch", "model")``) runs over the product group; it is priced on the slowest of
 its axes' links with n = the product (special case: no 2-D collective fits exist).
 
-Compute: ``max(flops / (peak·eff), bytes / dram_bw)`` per op, plus the launch floor for real
-kernels (matmul, attention, norm, conv). Elementwise ops are assumed fused by XLA: they pay their
-output bytes and no launch floor (special case). Views are free.
+Compute: ``max(flops / peak, bytes / dram_bw) / eff`` per op; a real kernel (matmul, attention, norm,
+conv) is floored at the launch floor and pays the per-op overhead on top. Where the compiler fuses
+glue (XLA: ``HardwareProfile.fuses_glue``) elementwise ops pay their output bytes and no launch;
+where it does not (TTNN), every op that moves data is a kernel with a DRAM round trip
+(`planner.propagate`). Views are free. The bytes term of a collective runs at the profile's
+``link_efficiency`` of the fit's bandwidth.
+
+Overlap, for the lowerings that have it (`ring_attention_seconds`, `fused_gather_matmul_seconds`):
+a transfer hidden behind compute costs the larger of the two, not the sum.
 """
 
 from __future__ import annotations
@@ -68,15 +74,38 @@ def collective_seconds(kind: str, nbytes: float, axes: Sequence[str], mesh: Mesh
         term, hops = nbytes, 1
     else:
         raise ValueError(f"unknown collective kind {kind!r}")
-    return float(fit.a) + float(fit.b) * hops + term / float(fit.bw)
+    return float(fit.a) + float(fit.b) * hops + term / (float(fit.bw) * float(hw.link_efficiency))
+
+
+def roofline_seconds(flops: float, nbytes: float, hw: HardwareProfile) -> float:
+    """One op's roofline at the profile's peak (no efficiency factor, no launch cost)."""
+    return max(flops / float(hw.peak_flops), nbytes / float(hw.dram_bw))
 
 
 def op_seconds(flops: float, nbytes: float, kernel: bool, hw: HardwareProfile) -> float:
-    """Roofline time of one op on one device."""
-    t = max(flops / (float(hw.peak_flops) * float(hw.efficiency)), nbytes / (float(hw.dram_bw) * float(hw.efficiency)))
+    """Time of one op on one device: its roofline at the profile's efficiency; a kernel also pays the
+    launch floor (a minimum) and the per-op overhead (added)."""
+    t = roofline_seconds(flops, nbytes, hw) / float(hw.efficiency)
     if kernel:
-        t = max(t, float(hw.launch_floor))
+        t = max(t, float(hw.launch_floor)) + float(hw.op_overhead)
     return t
+
+
+def ring_attention_seconds(attention_s: float, step_transfer_s: float, n: int) -> float:
+    """Ring attention over `n` devices: each of the n steps computes attention against the K/V chunk it
+    holds (``attention_s / n``) while the next chunk arrives from the neighbour (``step_transfer_s``);
+    a transfer is hidden behind its step's compute up to the smaller of the two, the first chunk is
+    local."""
+    if n <= 1:
+        return attention_s
+    step = attention_s / n
+    return step + (n - 1) * max(step, step_transfer_s)
+
+
+def fused_gather_matmul_seconds(gather_s: float, matmul_s: float, overhead: float) -> float:
+    """An all-gather fused into the matmul that reads it (tt-metal's ``all_gather_minimal_matmul``): the
+    transfer runs under the matmul, which pays `overhead` (a fraction) for sharing the cores."""
+    return max(gather_s, matmul_s * (1 + overhead))
 
 
 def to_ns(seconds: float) -> int:

@@ -26,12 +26,18 @@ from typing import Mapping
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
 
+# How a figure is known: a vendor's spec or a paper's number, a benchmark someone ran, or a factor this
+# project fitted to published end-to-end timings (`planner.calibration`, bench/bench_calibration.py)
+PROVENANCE = ("published", "measured", "fitted", "assumed")
+
+
 @dataclass(frozen=True)
 class Figure:
     value: float
     source: str
-    inferred: bool = False
+    inferred: bool = False  # derived from the source's numbers, not stated by it
     note: str = ""
+    kind: str = "published"  # one of PROVENANCE
 
     def __float__(self) -> float:
         return float(self.value)
@@ -72,6 +78,15 @@ class HardwareProfile:
     efficiency: Figure = field(
         default_factory=lambda: Figure(0.7, "autoparallel cost_models/compute_estimation.py (0.7 of peak)", True)
     )
+    # the bytes term of every collective runs at this fraction of the link fits' bandwidth (the fits are
+    # CCL microbenchmarks; inside a model, tt-metal #35952 saw ~50 % of link roofline on Wan shapes)
+    link_efficiency: Figure = field(default_factory=lambda: Figure(1.0, "the link fits as measured", kind="assumed"))
+    # seconds every kernel adds on top of its roofline (dispatch, a program's setup): additive, where the
+    # launch floor is a minimum
+    op_overhead: Figure = field(default_factory=lambda: Figure(0.0, "none beyond the launch floor", kind="assumed"))
+    # elementwise glue fused into its neighbours (XLA): it pays its output bytes, no kernel; False (TTNN:
+    # one kernel per op): every op that moves data is a kernel reading its inputs from DRAM and writing back
+    fuses_glue: bool = True
     tile: int = 1  # token granularity the kernels want per device (TT tiles are 32x32)
     vendor: str = ""  # "tenstorrent": compiled by tt-mlir (planner.targets.default_target)
     # collective kinds the partitioner the plan is for cannot lower (planner.targets.Target.profile):
@@ -95,6 +110,8 @@ class HardwareProfile:
             "dram_bytes": self.dram_bytes,
             "launch_floor": self.launch_floor,
             "efficiency": self.efficiency,
+            "link_efficiency": self.link_efficiency,
+            "op_overhead": self.op_overhead,
         }
         for i, ax in enumerate(self.axes):
             for kind, f in ax.fits.items():

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Collection, Iterable, Mapping, Optional
 
 from planner.collective import Collective
-from planner.cost_model import collective_seconds, op_seconds
+from planner.cost_model import collective_seconds, op_seconds, roofline_seconds
 from planner.graph import Graph, Node, TensorMeta
 from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
@@ -49,6 +49,8 @@ class Evaluation:
     flops: float = 0.0
     bytes: float = 0.0  # per-device bytes the ops read and write (the roofline's memory term)
     peak_bytes: float = 0.0
+    kernels: int = 0  # ops that launch a kernel (each pays the launch floor and the per-op overhead)
+    roofline_seconds: float = 0.0  # the ops' rooflines at the profile's peak (`cost_model.roofline_seconds`)
     warnings: list[str] = field(default_factory=list)
     guards: list[Guard] = field(default_factory=list)
     # node -> the layout its op produces where a forced layout then reshards it (the op computes in
@@ -352,9 +354,20 @@ def evaluate(
         ev.layouts[node.name] = outs
         flops = as_number(res.flops, dict(values or {}))
         nbytes = as_number(res.bytes, dict(values or {}))
+        kernel = res.kernel
+        if not kernel and not hw.fuses_glue and (flops or nbytes):
+            # one kernel per op (TTNN): the glue op reads its inputs back from DRAM
+            kernel = True
+            nbytes += sum(
+                as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
+                for m, have, want in zip(metas, ins, res.required)
+                if m is not None and (lay := want or have) is not None
+            )
         ev.flops += flops
         ev.bytes += nbytes
-        ev.compute_seconds += op_seconds(flops, nbytes, res.kernel, hw)
+        ev.kernels += kernel
+        ev.roofline_seconds += roofline_seconds(flops, nbytes, hw)
+        ev.compute_seconds += op_seconds(flops, nbytes, kernel, hw)
         live = sum(
             as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
             for m, lay in zip(node.outputs, outs)
@@ -364,8 +377,8 @@ def evaluate(
             live
             + sum(
                 as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
-                for m, lay in zip(metas, res.required)
-                if m is not None and lay is not None
+                for m, have, want in zip(metas, ins, res.required)
+                if m is not None and (lay := want or have) is not None
             ),
         )
     return ev
