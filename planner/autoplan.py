@@ -20,10 +20,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
 from planner import engine, pricing
+from planner.collective import Collective
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
@@ -1213,6 +1215,34 @@ def price_plan(
     values: Optional[Mapping[str, int]] = None,
 ) -> Predicted:
     """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
+    fwd = evaluate_forward(graph, plan, hardware, num_blocks=num_blocks, weight_copies=weight_copies, values=values)
+    compute = sum(ev.compute_seconds * times for ev, times in fwd.parts)
+    comm = sum(e.seconds * times for e, times in fwd.events)
+    return Predicted(compute + comm, compute, comm, int(fwd.memory_bytes))
+
+
+@dataclass(frozen=True)
+class Forward:
+    """One forward of a plan, evaluated by the op rules: what `price_plan` sums and
+    `planner.calibration` takes apart."""
+
+    graph: Graph  # the planner graph the evaluations name
+    parts: tuple[tuple[Evaluation, int], ...]  # (prologue | one block | epilogue, times per forward)
+    events: tuple[tuple[Collective, int], ...]  # every collective call, with its calls per forward
+    memory_bytes: float
+
+
+def evaluate_forward(
+    graph: Graph,
+    plan: Plan,
+    hardware: str | HardwareProfile,
+    *,
+    num_blocks: Optional[int] = None,
+    weight_copies: int = 1,
+    values: Optional[Mapping[str, int]] = None,
+) -> Forward:
+    """The op rules over one forward of `graph` under `plan`: the prologue, block 0 (standing for
+    all `num_blocks`) and the epilogue."""
     hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
     graph = dit_graph(graph)
     st = find_structure(graph)
@@ -1241,8 +1271,8 @@ def price_plan(
         values=vals,
     )
     b0_names = {x.name for x in b0}
-    comm = ev_epi.comm_seconds + sum(e.seconds * (n if graph.generic(e.where) != e.where else 1) for e in ev_pre.events)
-    compute = ev_epi.compute_seconds
+    events = [(e, 1) for e in ev_epi.events]
+    events += [(e, n if graph.generic(e.where) != e.where else 1) for e in ev_pre.events]
     ev_blk = evaluate(
         graph,
         b0,
@@ -1254,7 +1284,6 @@ def price_plan(
         values=vals,
     )
     ev_pro = evaluate(graph, pro, mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, values=vals)
-    compute += ev_pro.compute_seconds + n * ev_blk.compute_seconds
     memory = _weight_bytes(graph, st, plan.params, mesh, vals, n, weight_copies)
     memory += pricing.ACTIVATION_FACTOR * max(ev_blk.peak_bytes, ev_pro.peak_bytes, ev_epi.peak_bytes)
-    return Predicted(compute + comm, compute, comm, int(memory))
+    return Forward(graph, ((ev_pro, 1), (ev_blk, n), (ev_epi, 1)), tuple(events), memory)

@@ -51,11 +51,20 @@ UNLOWERABLE_S = 1e3
 
 def collective_seconds(kind: str, nbytes: float, axes: Sequence[str], mesh: MeshSpec, hw: HardwareProfile) -> float:
     """Seconds for one call of collective `kind` moving `nbytes` (HLO convention) over `axes`."""
+    if kind in hw.unlowerable and axis_devices(mesh, axes) > 1 and nbytes > 0:
+        return UNLOWERABLE_S
+    latency, transfer = collective_terms(kind, nbytes, axes, mesh, hw)
+    return latency + transfer / float(hw.link_efficiency)
+
+
+def collective_terms(
+    kind: str, nbytes: float, axes: Sequence[str], mesh: MeshSpec, hw: HardwareProfile
+) -> tuple[float, float]:
+    """One call's ``(a + b·hops, bytes_term / bw)``: its latency and its transfer at the fit's full
+    bandwidth (`collective_seconds` divides the transfer by the profile's link efficiency)."""
     n = axis_devices(mesh, axes)
     if n <= 1 or nbytes <= 0:
-        return 0.0
-    if kind in hw.unlowerable:
-        return UNLOWERABLE_S
+        return 0.0, 0.0
     links = [hw.axis(mesh.axis_index(a), mesh.axis_size(a)) for a in axes]
     link = min(links, key=lambda ln: float(ln.fit(kind).bw))
     fit = link.fit(kind)
@@ -74,7 +83,7 @@ def collective_seconds(kind: str, nbytes: float, axes: Sequence[str], mesh: Mesh
         term, hops = nbytes, 1
     else:
         raise ValueError(f"unknown collective kind {kind!r}")
-    return float(fit.a) + float(fit.b) * hops + term / (float(fit.bw) * float(hw.link_efficiency))
+    return float(fit.a) + float(fit.b) * hops, term / float(fit.bw)
 
 
 def roofline_seconds(flops: float, nbytes: float, hw: HardwareProfile) -> float:

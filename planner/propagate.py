@@ -51,6 +51,7 @@ class Evaluation:
     peak_bytes: float = 0.0
     kernels: int = 0  # ops that launch a kernel (each pays the launch floor and the per-op overhead)
     roofline_seconds: float = 0.0  # the ops' rooflines at the profile's peak (`cost_model.roofline_seconds`)
+    per_op: dict[str, tuple[float, bool]] = field(default_factory=dict)  # node -> (its roofline, a kernel?)
     warnings: list[str] = field(default_factory=list)
     guards: list[Guard] = field(default_factory=list)
     # node -> the layout its op produces where a forced layout then reshards it (the op computes in
@@ -367,6 +368,7 @@ def evaluate(
         ev.bytes += nbytes
         ev.kernels += kernel
         ev.roofline_seconds += roofline_seconds(flops, nbytes, hw)
+        ev.per_op[node.name] = (roofline_seconds(flops, nbytes, hw), bool(kernel))
         ev.compute_seconds += op_seconds(flops, nbytes, kernel, hw)
         live = sum(
             as_number(numel(local_shape(m.shape, lay, mesh)), dict(values or {})) * m.itemsize
