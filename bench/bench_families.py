@@ -58,15 +58,15 @@ def main(argv=None) -> int:
 
 
 def _write_doc(table: list[str]) -> None:
-    import subprocess
+    from _docs import write_doc
 
-    root = Path(__file__).resolve().parents[1]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout
-    (root / "docs" / "families.md").write_text(
-        "# Every Wan-family model, through the backend on 2x4\n\n"
-        f"Written by `PYTHONPATH=. python bench/bench_families.py --write` on {commit.strip() or 'an unknown commit'}"
-        " (8 virtual CPU devices, 2 shared cores). Cases and columns: the bench's docstring; every row is also a test "
-        "(`tests/test_family_*.py`).\n\n" + "\n".join(table) + "\n"
+    write_doc(
+        "families.md",
+        "Every Wan-family model, through the backend on 2x4",
+        "PYTHONPATH=. python bench/bench_families.py --write",
+        "Measured on 8 virtual CPU devices (2 shared cores). Cases and columns: the bench's docstring; every row is also a test "
+        "(`tests/test_family_*.py`).",
+        table,
     )
 
 

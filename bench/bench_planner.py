@@ -1,6 +1,6 @@
 """Auto plan vs the tt-xla hand plan under the same cost model, and planner speed.
 
-    PYTHONPATH=. python bench/bench_planner.py
+    PYTHONPATH=. python bench/bench_planner.py [--json] [--write] [--no-spread]
 
 Prints markdown tables: A14B with both experts and with one expert resident (the profile's DRAM as
 the budget) at 480p and 720p on wh-loudbox 2x4, wh-galaxy 8x4, bh-galaxy 8x4 and 1x4 (Wormhole
@@ -9,14 +9,24 @@ dim between macros, as every seed plan keeps it), and the tt-xla hand plan, all 
 model, with the stream layout the auto plan's block macros use; then the wall time to plan full A14B
 and solve time vs number of blocks. "ideal roofline" is the model's total FLOPs / (devices x peak)
 vs its bytes / (devices x DRAM bandwidth), whatever the plan; "hand fits?" compares the hand plan's
-memory with the DRAM.
+memory with the DRAM. Every Tenstorrent profile carries the calibrated factors (docs/calibration.md);
+each auto and hand figure is also given as its range under the leave-one-out refits of those factors
+(`planner.calibration.held_out_fits`): the spread the published rows allow. ``--write`` writes the
+tables to docs/planner-bench.md with the commit.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import sys
 import time
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CASES = (("2x4", "wh-loudbox"), ("8x4", "wh-galaxy"), ("8x4", "bh-galaxy"), ("1x4", "wh-loudbox"))
 
@@ -60,74 +70,175 @@ def stream_layout(plan) -> str:
     return ", ".join(f"{'/'.join(ms)} {state}" for state, ms in by_state.items())
 
 
-def main() -> None:
+def spread_factors():
+    """The tt-xla factors of every leave-one-out refit of the calibration (`planner.calibration`): the
+    range of factors the published rows allow."""
+    from bench_calibration import dit, vae
+
+    from planner import calibration as C
+    from planner.hardware import CALIBRATED_STACK
+
+    res = sorted({r.resolution for r in C.PUBLISHED})
+    priced = C.price_all(
+        {r: dit(r) for r in res}, {r: vae(r) for r in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})}
+    )
+    return [f.factors[CALIBRATED_STACK] for f in C.held_out_fits(priced)]
+
+
+def run(spread: bool = True) -> dict:
     from planner import plan_graph
     from planner.autoplan import price_plan
+    from planner.calibration import calibrated
     from planner.hand_plans import tt_xla_plan
     from planner.hardware import get_profile
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
 
-    print(
-        "| res | mesh | hardware | experts | auto ms/fwd | auto comm ms | auto GB/dev | auto stream layout "
-        "| auto, STATE A only: ms | hand (STATE A) ms/fwd | hand comm ms | hand GB/dev | hand fits? | hand/auto "
-        "| ideal roofline ms | auto strategies |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    factor_sets = spread_factors() if spread else []
+    rows = []
     for res in ("480p", "720p"):
         g = capture(res)
         for mesh_s, hw_name in CASES:
             mesh, hw = parse_mesh(mesh_s), get_profile(hw_name)
             roof = ideal_roofline(g, mesh, hw, 40)
+            hand_plan = tt_xla_plan(g, mesh)
             for experts in (2, 1):
-                hand = price_plan(g, tt_xla_plan(g, mesh), hw, num_blocks=40, weight_copies=experts)
-                fits = hand.memory_bytes_per_device <= float(hw.dram_bytes)
-                fit_s = (
-                    "yes"
-                    if fits
-                    else f"no ({hand.memory_bytes_per_device / 1e9:.1f} > {float(hw.dram_bytes) / 1e9:.0f} GB)"
-                )
-                hand_s = (
-                    f"{hand.step_seconds * 1e3:.0f} | {hand.comm_seconds * 1e3:.0f} | "
-                    f"{hand.memory_bytes_per_device / 1e9:.1f} | {fit_s}"
-                )
+                row = {
+                    "resolution": res,
+                    "mesh": mesh_s,
+                    "hardware": hw_name,
+                    "experts": experts,
+                    "roofline_ms": roof * 1e3,
+                }
+                hand = price_plan(g, hand_plan, hw, num_blocks=40, weight_copies=experts)
+                row["hand"] = {
+                    "ms": hand.step_seconds * 1e3,
+                    "comm_ms": hand.comm_seconds * 1e3,
+                    "gb": hand.memory_bytes_per_device / 1e9,
+                    "fits": hand.memory_bytes_per_device <= float(hw.dram_bytes),
+                }
                 try:
                     state_a = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=experts, stream_layouts=False)
-                    a_s = f"{state_a.predicted.step_seconds * 1e3:.0f}"
+                    row["state_a_ms"] = state_a.predicted.step_seconds * 1e3
                 except PlanError:
-                    a_s = "no plan fits"
+                    row["state_a_ms"] = None
                 try:
                     auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=experts)
                 except PlanError as e:
-                    print(
-                        f"| {res} | {mesh_s} | {hw_name} | {experts} | no plan fits: {str(e)[:60]}… | | | | {a_s} | "
-                        f"{hand_s} | – | {roof * 1e3:.0f} | |"
-                    )
+                    row["auto"] = {"error": str(e)}
+                    rows.append(row)
                     continue
                 ap = auto.predicted
-                ratio = f"{hand.step_seconds / ap.step_seconds:.2f}" + ("" if fits else " (hand does not fit)")
-                print(
-                    f"| {res} | {mesh_s} | {hw_name} | {experts} | {ap.step_seconds * 1e3:.0f} | {ap.comm_seconds * 1e3:.0f} | "
-                    f"{ap.memory_bytes_per_device / 1e9:.1f} | {stream_layout(auto)} | {a_s} | {hand_s} | {ratio} | "
-                    f"{roof * 1e3:.0f} | {'; '.join(f'{d.macro}={d.strategy}' for d in auto.decisions if d.in_block)} |"
-                )
+                row["auto"] = {
+                    "ms": ap.step_seconds * 1e3,
+                    "comm_ms": ap.comm_seconds * 1e3,
+                    "gb": ap.memory_bytes_per_device / 1e9,
+                    "stream": stream_layout(auto),
+                    "strategies": "; ".join(f"{d.macro}={d.strategy}" for d in auto.decisions if d.in_block),
+                }
+                row["hand_over_auto"] = hand.step_seconds / ap.step_seconds
+                ratios, auto_ms = [], []
+                for f in factor_sets:  # the same comparison under every held-out refit of the factors
+                    hw_f = calibrated(hw, f, "leave-one-out refit")
+                    try:
+                        a = plan_graph(g, mesh, hw_f, num_blocks=40, weight_copies=experts).predicted.step_seconds
+                    except PlanError:
+                        continue
+                    h = price_plan(g, hand_plan, hw_f, num_blocks=40, weight_copies=experts).step_seconds
+                    ratios.append(h / a)
+                    auto_ms.append(a * 1e3)
+                if ratios:
+                    row["spread"] = {
+                        "hand_over_auto": [min(ratios), max(ratios)],
+                        "auto_ms": [min(auto_ms), max(auto_ms)],
+                    }
+                rows.append(row)
+    return {"rows": rows, "factor_sets": len(factor_sets)}
 
-    print("\n| step (full A14B, 720p, wh-galaxy 8x4) | seconds |\n|---|---|")
+
+def table(out: dict) -> list[str]:
+    lines = [
+        "| res | mesh | hardware | experts | auto ms/fwd (LOO range) | auto comm ms | auto GB/dev | auto stream layout "
+        "| auto, STATE A only: ms | hand (STATE A) ms/fwd | hand comm ms | hand GB/dev | hand fits? | hand/auto (LOO range) "
+        "| ideal roofline ms | auto strategies |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out["rows"]:
+        h = r["hand"]
+        fit_s = "yes" if h["fits"] else f"no ({h['gb']:.1f} > DRAM)"
+        hand_s = f"{h['ms']:.0f} | {h['comm_ms']:.0f} | {h['gb']:.1f} | {fit_s}"
+        a_s = "no plan fits" if r["state_a_ms"] is None else f"{r['state_a_ms']:.0f}"
+        head = f"| {r['resolution']} | {r['mesh']} | {r['hardware']} | {r['experts']}"
+        if "error" in r["auto"]:
+            lines.append(
+                f"{head} | no plan fits: {r['auto']['error'][:60]}… | | | | {a_s} | {hand_s} | – | {r['roofline_ms']:.0f} | |"
+            )
+            continue
+        a = r["auto"]
+        sp = r.get("spread")
+        auto_ms = f"{a['ms']:.0f}" + (f" ({sp['auto_ms'][0]:.0f}–{sp['auto_ms'][1]:.0f})" if sp else "")
+        ratio = f"{r['hand_over_auto']:.2f}" + (
+            f" ({sp['hand_over_auto'][0]:.2f}–{sp['hand_over_auto'][1]:.2f})" if sp else ""
+        )
+        if not h["fits"]:
+            ratio += " (hand does not fit)"
+        lines.append(
+            f"{head} | {auto_ms} | {a['comm_ms']:.0f} | {a['gb']:.1f} | {a['stream']} | {a_s} | {hand_s} | {ratio} "
+            f"| {r['roofline_ms']:.0f} | {a['strategies']} |"
+        )
+    return lines
+
+
+def timing() -> list[str]:
+    from planner import plan_graph
+    from planner.mesh import parse_mesh
+
     t0 = time.perf_counter()
     g = capture("720p")
     t1 = time.perf_counter()
     plan = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_copies=2)
     t2 = time.perf_counter()
-    print(
-        f"| capture 2 blocks on meta (dynamo) | {t1 - t0:.2f} |\n| build tables + solve + decisions + assemble | {t2 - t1:.2f} |"
-        f"\n| of which CP-SAT main solve | {plan.solver.seconds:.3f} |\n| total | {t2 - t0:.2f} |"
-    )
-
-    print("\n| blocks | solve s | variables | constraints |\n|---|---|---|---|")
+    lines = [
+        "| step (full A14B, 720p, wh-galaxy 8x4) | seconds |",
+        "|---|---|",
+        f"| capture 2 blocks on meta (dynamo) | {t1 - t0:.2f} |",
+        f"| build tables + solve + decisions + assemble | {t2 - t1:.2f} |",
+        f"| of which CP-SAT main solve | {plan.solver.seconds:.3f} |",
+        f"| total | {t2 - t0:.2f} |",
+        "",
+        "| blocks | solve s | variables | constraints |",
+        "|---|---|---|---|",
+    ]
     for n in (10, 20, 40):
         p = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=n, weight_copies=2)
-        print(f"| {n} | {p.solver.seconds:.4f} | {p.solver.variables} | {p.solver.constraints} |")
+        lines.append(f"| {n} | {p.solver.seconds:.4f} | {p.solver.variables} | {p.solver.constraints} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true", help="write the tables to docs/planner-bench.md")
+    ap.add_argument("--no-spread", action="store_true", help="skip the leave-one-out refits (faster)")
+    args = ap.parse_args()
+    out = run(spread=not args.no_spread)
+    lines = table(out) + [""] + timing()
+    print(json.dumps(out, indent=1) if args.json else "\n".join(lines))
+    if args.write:
+        from _docs import write_doc
+
+        write_doc(
+            "planner-bench.md",
+            "Auto plan vs the tt-xla hand plan under the calibrated cost model",
+            "PYTHONPATH=. python bench/bench_planner.py --write",
+            f"Wan 2.2 T2V-A14B (2 blocks captured on meta, planned for 40), both experts and one expert resident, the "
+            f"profile's DRAM as the budget, every Tenstorrent profile carrying the factors fitted in docs/calibration.md. "
+            f"The ranges are the same numbers under each of the {out['factor_sets']} leave-one-out refits of those "
+            f"factors (a refit re-plans the auto plan and re-prices the hand plan).",
+            lines,
+        )
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

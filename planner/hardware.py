@@ -20,7 +20,9 @@ link bandwidth as F's one-link fit × links per neighbour) the `Figure` says ``i
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Mapping
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
@@ -76,7 +78,9 @@ class HardwareProfile:
     dram_bytes: Figure  # per device
     launch_floor: Figure  # seconds per kernel
     efficiency: Figure = field(
-        default_factory=lambda: Figure(0.7, "autoparallel cost_models/compute_estimation.py (0.7 of peak)", True)
+        default_factory=lambda: Figure(
+            0.7, "autoparallel cost_models/compute_estimation.py (0.7 of peak)", True, kind="assumed"
+        )
     )
     # the bytes term of every collective runs at this fraction of the link fits' bandwidth (the fits are
     # CCL microbenchmarks; inside a model, tt-metal #35952 saw ~50 % of link roofline on Wan shapes)
@@ -138,13 +142,14 @@ def _wh_axis(topology: str, links: int) -> AxisLink:
     for kind, (a, bl, br, wl, wr) in _WH_FIT.items():
         bw = (wr if ring else wl) * links
         fits[kind] = CollectiveFit(
-            Figure(a * US, _F),
-            Figure((br if ring else bl) * US, _F),
+            Figure(a * US, _F, kind="measured"),
+            Figure((br if ring else bl) * US, _F, kind="measured"),
             Figure(
                 bw * GB,
                 _F,
                 inferred=links > 1,
                 note=f"{links} links per neighbour x the one-link fit" if links > 1 else "",
+                kind="measured",
             ),
         )
     return AxisLink(topology, fits, links)
@@ -153,12 +158,7 @@ def _wh_axis(topology: str, links: int) -> AxisLink:
 _WH_PEAK = Figure(128e12, "D (64 cores x 2 TFLOPS BF16 HiFi2)", True, "per-chip bf16 from per-core rate")
 _WH_DRAM_BW = Figure(288 * GB, "A (n150: 12 GB GDDR6, 288 GB/s)")
 _WH_DRAM = Figure(12 * GB, "A (n300: 24 GB for 2 chips)")
-_TT_LAUNCH = Figure(
-    7 * US,
-    "autoparallel compute_estimation.py (7 µs kernel floor)",
-    True,
-    "GPU figure; no Tenstorrent dispatch figure found",
-)
+_TT_LAUNCH = Figure(0.0, "none: the fitted per-op overhead is added to every kernel instead", kind="fitted")
 
 # --- Blackhole -----------------------------------------------------------------------------------------
 _G = "G (tt-metal CCL SUMMARY_blackhole_bfloat16_8192 @1080d1c)"
@@ -178,9 +178,9 @@ def _bh_axis(topology: str) -> AxisLink:
     for kind, (t2, t8, wl, wr) in _BH_FIT.items():
         hops8, hops2 = (4, 1) if ring else (7, 1)
         fits[kind] = CollectiveFit(
-            Figure(t2 * US, _G),
-            Figure((t8 - t2) / (hops8 - hops2) * US, _G, True, "latency per hop from n=2 vs n=8 times"),
-            Figure((wr if ring else wl) * GB, _G),
+            Figure(t2 * US, _G, kind="measured"),
+            Figure((t8 - t2) / (hops8 - hops2) * US, _G, True, "latency per hop from n=2 vs n=8 times", "measured"),
+            Figure((wr if ring else wl) * GB, _G, kind="measured"),
         )
     return AxisLink(topology, fits, 2)
 
@@ -202,9 +202,9 @@ _NVLINK, _ICI = (
     for row in (
         (
             "switch",
-            Figure(8.4 * US, "T (NCCL ring/simple base)"),
-            Figure(3.4 * US, "T (per step)"),
-            Figure(370 * GB, "S (NCCL all-reduce busbw ~370 GB/s)"),
+            Figure(8.4 * US, "T (NCCL ring/simple base)", kind="measured"),
+            Figure(3.4 * US, "T (per step)", kind="measured"),
+            Figure(370 * GB, "S (NCCL all-reduce busbw ~370 GB/s)", kind="measured"),
             "NVSwitch: one hop between any two GPUs",
         ),
         (
@@ -222,9 +222,44 @@ _WH = (_WH_PEAK, _WH_DRAM_BW, _WH_DRAM)
 _BH = (_BH_PEAK, _BH_DRAM_BW, _BH_DRAM)
 
 
+# The factors fitted to every published Wan 2.2 timing on Tenstorrent (`planner.calibration`, written by
+# bench/bench_calibration.py --write): a Tenstorrent profile prices what tt-xla runs, the stack whose
+# programs the planner emits (tt-metal's own factors are in the file, for comparison)
+CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
+CALIBRATED_STACK = "tt-xla"
+
+
+def _fitted() -> dict[str, Figure]:
+    data = json.loads(CALIBRATION_FILE.read_text())
+    f = data["factors"][CALIBRATED_STACK]
+    src = f"fitted to {data['rows']} published timings ({CALIBRATED_STACK} factors; {data['written_by']} @{data['commit']})"
+    return {
+        "efficiency": Figure(f["compute_efficiency"], src, kind="fitted"),
+        "link_efficiency": Figure(f["link_efficiency"], src, kind="fitted"),
+        "op_overhead": Figure(
+            f["op_overhead"], src + ", inside tt-metal #12074's measured dispatch range", kind="fitted"
+        ),
+    }
+
+
+_TT_FITTED = _fitted()
+
+
 def _tenstorrent(name: str, description: str, shape, axes, chip) -> HardwareProfile:
-    """A Tenstorrent system: its mesh and links, the chip's (peak, DRAM bandwidth, DRAM), 32x32 tiles."""
-    return HardwareProfile(name, description, shape, axes, *chip, _TT_LAUNCH, tile=32, vendor="tenstorrent")
+    """A Tenstorrent system: its mesh and links, the chip's (peak, DRAM bandwidth, DRAM), 32x32 tiles,
+    the calibrated factors, one TTNN kernel per op (no glue fusion)."""
+    return HardwareProfile(
+        name,
+        description,
+        shape,
+        axes,
+        *chip,
+        _TT_LAUNCH,
+        **_TT_FITTED,
+        fuses_glue=False,
+        tile=32,
+        vendor="tenstorrent",
+    )
 
 
 PROFILES: dict[str, HardwareProfile] = {
@@ -280,7 +315,7 @@ PROFILES: dict[str, HardwareProfile] = {
             Figure(989.4e12, "R, Q"),
             Figure(3.35e12, "R, Q"),
             Figure(80 * GB, "R, Q"),
-            Figure(7 * US, "autoparallel compute_estimation.py"),
+            Figure(7 * US, "autoparallel compute_estimation.py", kind="assumed"),
         ),
         HardwareProfile(
             "tpu-v6e-8",
@@ -290,7 +325,7 @@ PROFILES: dict[str, HardwareProfile] = {
             Figure(918e12, "P"),
             Figure(1638 * GB, "P"),
             Figure(32 * GB, "P"),
-            Figure(2 * US, "Q (~1 µs/hop; XLA fuses, 2 µs per op assumed)", True),
+            Figure(2 * US, "Q (~1 µs/hop; XLA fuses, 2 µs per op assumed)", True, kind="assumed"),
         ),
     ]
 }

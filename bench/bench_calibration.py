@@ -1,0 +1,153 @@
+"""The cost model against every published Wan 2.2 A14B timing on Tenstorrent: predicted, fitted, held out.
+
+    PYTHONPATH=. python bench/bench_calibration.py [--json] [--write]
+
+For each row of `planner.calibration.PUBLISHED` (tt-metal's figures, source K; tt-xla's, seed 000) the
+configuration that produced it is written as a plan for full-size A14B (captured on the meta device:
+2 blocks, priced for 40) and priced part by part (DiT forwards x the forwards it ran, text encoder,
+VAE decode), then the free factors are fitted (`planner.calibration.fit`) and each row is predicted
+again by the factors fitted without it (leave-one-out). Prints a markdown table, or with ``--json``
+one object: ``factors`` (per stack), ``rms_log_error``, and ``rows``, each with ``source``, ``system``,
+``resolution``, ``what``, ``published_s``, ``predicted_s``, ``loo_predicted_s``, ``loo_error`` (and the
+mesh, stack, parts in seconds, the reading of an ambiguous source, what the model cannot see).
+``--write`` writes the fitted factors to planner/calibration.json (the Tenstorrent profiles read them:
+`planner.hardware`) and the table to docs/calibration.md, both with the commit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+VIDEOS = {"480p": (480, 832), "720p": (720, 1280)}
+
+
+def dit(resolution: str):
+    from bench_planner import capture
+
+    return capture(resolution)
+
+
+def vae(resolution: str, frames: int = 81):
+    from bench_vae_plan import capture
+
+    h, w = VIDEOS[resolution]
+    return capture("wan2.1", (1, 16, (frames - 1) // 4 + 1, h // 8, w // 8))[1]
+
+
+def run() -> dict:
+    from planner import calibration as C
+
+    t0 = time.perf_counter()
+    resolutions = sorted({r.resolution for r in C.PUBLISHED})
+    dits = {res: dit(res) for res in resolutions}
+    vaes = {res: vae(res) for res in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})}
+    priced = C.price_all(dits, vaes)
+    fitted = C.fit(priced)
+    loo = C.leave_one_out(priced)
+    rows = []
+    for p, held_out in loo:
+        r, f = p.row, fitted.of(p.row)
+        rows.append(
+            {
+                "source": r.source,
+                "system": r.system,
+                "mesh": r.mesh,
+                "resolution": r.resolution,
+                "what": r.what,
+                "stack": r.scheme.stack,
+                "published_s": r.published_s,
+                "predicted_s": round(float(p.seconds(f)), 2),
+                "loo_predicted_s": round(held_out, 2),
+                "loo_error": round(held_out / r.published_s - 1, 4),
+                "parts_s": {k: round(float(v), 2) for k, v in p.part_seconds(f).items()},
+                "fitted": r.fitted,
+                "reading": r.reading,
+                "unseen": r.unseen,
+            }
+        )
+    return {
+        "factors": {s: vars(f) for s, f in fitted.factors.items()},
+        "per_stack": list(C.PER_STACK),
+        "rms_log_error": round(fitted.rms_log_error, 4),
+        "rows": rows,
+        "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def table(out: dict) -> list[str]:
+    lines = [
+        "| source | system | mesh | res | what | stack | published s | predicted s | parts (s) | LOO predicted s "
+        "| LOO error | reading |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in out["rows"]:
+        parts = ", ".join(f"{k} {v:g}" for k, v in r["parts_s"].items())
+        note = r["reading"] + (f"; **not fitted**: {r['unseen']}" if r["unseen"] else "")
+        lines.append(
+            f"| {r['source']} | {r['system']} | {r['mesh']} | {r['resolution']} | {r['what']} | {r['stack']} "
+            f"| {r['published_s']:g} | {r['predicted_s']:.1f} | {parts} | {r['loo_predicted_s']:.1f} "
+            f"| {r['loo_error']:+.0%} | {note} |"
+        )
+    lines += ["", "| stack | compute efficiency | link efficiency | per-op overhead |", "|---|---|---|---|"]
+    for stack, f in out["factors"].items():
+        lines.append(
+            f"| {stack} | {f['compute_efficiency']:.3f} | {f['link_efficiency']:.3f} | {f['op_overhead'] * 1e6:.1f} µs |"
+        )
+    lines.append(
+        f"\nRMS log error of the fit: {out['rms_log_error']:.3f}; own factor per stack: {', '.join(out['per_stack'])}."
+    )
+    return lines
+
+
+def write(out: dict, lines: list[str]) -> None:
+    from _docs import commit, write_doc
+
+    from planner.calibration import CALIBRATION_FILE
+
+    CALIBRATION_FILE.write_text(
+        json.dumps(
+            {
+                "written_by": "PYTHONPATH=. python bench/bench_calibration.py --write",
+                "commit": commit(),
+                "factors": out["factors"],
+                "per_stack": out["per_stack"],
+                "rms_log_error": out["rms_log_error"],
+                "rows": sum(r["fitted"] for r in out["rows"]),
+                "published_rows": len(out["rows"]),
+            },
+            indent=1,
+        )
+        + "\n"
+    )
+    write_doc(
+        "calibration.md",
+        "The cost model against published Wan 2.2 A14B timings on Tenstorrent",
+        "PYTHONPATH=. python bench/bench_calibration.py --write",
+        "Rows, readings and the model: `planner/calibration.py`; the fitted factors are in "
+        "`planner/calibration.json`, which the Tenstorrent profiles read.",
+        lines,
+    )
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--write", action="store_true")
+    args = ap.parse_args()
+    out = run()
+    lines = table(out)
+    print(json.dumps(out, indent=1) if args.json else "\n".join(lines))
+    if args.write:
+        write(out, lines)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
