@@ -29,7 +29,7 @@ from planner.collective import Collective
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph
 from planner.hardware import PROFILES, HardwareProfile, default_hardware, get_profile
-from planner.ilp import Edge, Group, Infeasible
+from planner.ilp import Edge, Group, Infeasible, Option
 from planner.mesh import MeshSpec
 from planner.packing import packed_operand
 from planner.padding import PadHeads, needs_padding, pad_targets, padded_copy_bytes
@@ -42,10 +42,12 @@ from planner.plan import (
     Plan,
     PlanError,
     Predicted,
+    RingAttention,
     model_geometry,
 )
 from planner.propagate import Evaluation, evaluate, redistribute, reduced_through, sliced_behind, sliced_first
-from planner.strategies import Macro, Strategy, dit_graph, family_strategies, find_structure
+from planner.ring import RingPrice, ring_evaluation
+from planner.strategies import Macro, Strategy, dit_graph, family_strategies, find_structure, ring_variant
 from planner.targets import get_target
 
 
@@ -201,6 +203,8 @@ class DitFamily:
         self.pad_heads = pad_heads
         self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if pad_heads is not None else {}
         self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or why not
+        # macro name -> every ring option priced by `problem` (offered to the solver or not), `_RingOption`
+        self._rings: dict[str, list[_RingOption]] = {}
 
     def _with(self, graph: Optional[Graph] = None, mesh: Optional[MeshSpec] = None, **changes) -> "DitFamily":
         """This family's model and options, with `changes` (keyword arguments of the constructor)."""
@@ -458,20 +462,26 @@ class DitFamily:
             opts, why = opts + padded, why + why_padded
             if not self.sequence_parallel:
                 opts = [s for s in opts if not s.sigma and not s.stream[0]]
+            rings = self._ring_options(m, opts)
+            if get_target(self.target_name).ring_attention:
+                opts = opts + [r for r, _ in rings]
             if m.name in self.only:
                 pattern = self.only[m.name]
                 kept = [s for s in opts if re.search(pattern, s.name)]  # none kept: `engine.check_options` says so
                 why = why + [Exclusion(s.name, f"restricted by only={pattern!r}") for s in opts if s not in kept]
                 opts = kept
             options = []
+            priced_rings = self._price_rings(m, rings, opts, evals, first)
             for s in opts:
+                if s.ring:
+                    ring = next(r for r in priced_rings if r.strategy.name == s.name)
+                    evals[m.name, s.name] = ring.evaluation
+                    options.append(ring.option)
+                    continue
                 fam, mm = self._family_of(m, s)
                 ev = evals[m.name, s.name] = fam.eval_macro(mm, s)
                 cost = fam.eval_macro(mm, s, priced=True) if self.target is not None else ev
-                once = to_ns(self.ends(s.stream, self.target is not None).seconds) if m.name == first else 0
-                if m.name in self.family_first:  # a further family's entry (the control tokens) laid out
-                    once = to_ns(self.entries_seconds(self.family_first[m.name], s.stream))
-                options.append(pricing.option(s.name, s.stream, cost, fam.param_bytes(mm, s), once))
+                options.append(pricing.option(s.name, s.stream, cost, fam.param_bytes(mm, s), self._once(m, s, first)))
             groups.append(Group(m.name, tuple(options), self.reps(m)))
             tables[m.name], excluded[m.name] = opts, why
         edges = self.edges(tables)
@@ -486,6 +496,90 @@ class DitFamily:
             self.fixed_param_bytes(),
             self.hint(groups, tables),
         )
+
+    def _once(self, m: Macro, s: Strategy, first: str) -> int:
+        """Option `s` of `m`'s once-per-forward cost (ns): the ends for the first block macro, a further
+        family's entries laid out for its first macro, else nothing."""
+        if m.name in self.family_first:  # a further family's entry (the control tokens) laid out
+            return to_ns(self.entries_seconds(self.family_first[m.name], s.stream))
+        return to_ns(self.ends(s.stream, self.target is not None).seconds) if m.name == first else 0
+
+    def _ring_options(self, m: Macro, opts: list[Strategy]) -> list[tuple[Strategy, Strategy]]:
+        """(ring option, the K/V-gather option it is priced from) for each option of `m` that has one."""
+        out = []
+        for s in opts:
+            r = ring_variant(self.g, m, s)
+            if r is not None:
+                out.append((self.lift_strategy(r), s))
+        return out
+
+    def _price_rings(self, m: Macro, rings, offered: list[Strategy], evals: dict, first: str) -> list["_RingOption"]:
+        """Every ring option of `m` priced (`planner.ring`) from its K/V-gather option's evaluation, offered
+        to the solver (in `offered`) or not (then why not); kept for the decisions (`_ring_decision`)."""
+        target = get_target(self.target_name)
+        names = {s.name for s in offered}
+        out = []
+        for r, gather in rings:
+            ev = evals.get((m.name, gather.name)) or self.eval_macro(m, gather)
+            cost = self.eval_macro(m, gather, priced=True) if self.target is not None else ev
+            ring, priced = (ring_evaluation(self.g, m, gather, e, self.mesh, self.hw, self.vals) for e in (ev, cost))
+            if isinstance(ring, str) or isinstance(priced, str):
+                continue  # no K/V gather to replace: no ring counterpart (the lowering would have no place for it)
+            why = (
+                ""
+                if r.name in names
+                else (
+                    f"restricted by only={self.only[m.name]!r}" if target.ring_attention else target.no_ring_attention
+                )
+            )
+            option = pricing.option(r.name, r.stream, priced[0], self.param_bytes(m, r), self._once(m, r, first))
+            out.append(_RingOption(r, option, ring[0], priced[1], why))
+        self._rings[m.name] = out
+        return out
+
+    def _ring_decision(self, g: Group, chosen: Strategy, i: int) -> Optional[RingAttention]:
+        """What ring attention costs beside the option chosen for group `g` (its option `i`): the ring
+        option with the chosen axes where the chosen option splits the tokens, else the cheapest."""
+        rings = self._rings.get(g.name)
+        if not rings:
+            return None
+
+        def own(o) -> float:
+            return (g.count * o.cost_ns + o.once_ns) / 1e9
+
+        same = [
+            r
+            for r in rings
+            if r.strategy.name == chosen.name
+            or (
+                chosen.sigma
+                and (r.strategy.sigma, r.strategy.tp, r.strategy.fsdp, r.strategy.stream)
+                == (chosen.sigma, chosen.tp, chosen.fsdp, chosen.stream)
+            )
+        ]
+        r = same[0] if same else min(rings, key=lambda r: (own(r.option), r.strategy.name))
+        return RingAttention(
+            r.strategy.name,
+            own(r.option),
+            own(g.options[i]),
+            offered=not r.why_not,
+            why_not=r.why_not,
+            chosen=r.strategy.name == chosen.name,
+            steps=r.price.steps,
+            step_compute_s=r.price.attention_s / r.price.steps,
+            step_transfer_s=r.price.step_transfer_s,
+            gather_s=r.price.gather_s,
+        )
+
+    def _ring_hidden_seconds(self, chosen: Mapping[str, Strategy]) -> float:
+        """Per forward, the ring transfers of the chosen ring options that their attention compute hides."""
+        total = 0.0
+        for m in self.macros:
+            s = chosen[m.name]
+            if s.ring:
+                ring = next(r for r in self._rings[m.name] if r.strategy.name == s.name)
+                total += self.reps(m) * ring.price.hidden_s
+        return total
 
     def _keep_the_seed_plan(self, groups: list[Group], tables: dict, excluded: dict) -> None:
         """The tt-xla preset: the seed's shape is the solver's hint (`hint`); keep exactly that option
@@ -635,6 +729,7 @@ class DitFamily:
                         and s.tp == want[1]
                         and not s.fsdp
                         and not s.ulysses
+                        and not s.ring
                     ),
                     None,
                 )
@@ -667,6 +762,7 @@ class DitFamily:
                 state=chosen[g.name].state,
                 family=family.get(g.name, ""),
                 pad_heads=self.pads[g.name] if chosen[g.name].pad_heads else None,
+                ring=self._ring_decision(g, chosen[g.name], res.choice[g.name]),
             )
             if g.name in block
             else d
@@ -681,6 +777,7 @@ class DitFamily:
             # the plan names ops of the graph with exactly the chosen attentions padded; each option's
             # evaluation there is the one it was priced by (its macro reads the same graph)
             fam = self._padded(pads)
+            fam._rings = self._rings  # its ring options: priced here, on the model's graph
             macros = {m.name: m for m in fam.st.block_macros + fam.st.root_macros}
             evals = {
                 (name, s.name): fam.eval_macro(macros[name], s) for name, s in solution.chosen.items() if name in macros
@@ -739,6 +836,7 @@ class DitFamily:
                 self._scatter_into_slice(events, a, sliced, chosen, evals, times)
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
+        comm -= self._ring_hidden_seconds(chosen)  # a ring's transfers under its attention compute cost nothing
         params = self._params(chosen)
         stack = self.st.block_macros + self.st.family_macros
         split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in stack)
@@ -765,10 +863,18 @@ class DitFamily:
             guards.append(
                 Guard(str(self.st.tokens), nsp * self.hw.tile, f"{self.hw.tile}-token tiles per device; otherwise pad")
             )
+        rings = [f"{m} {s.name}" for m, s in chosen.items() if s.ring]
         notes = [
             f"planned from {self.st.captured_blocks} captured block(s); block decisions shared by all {self.n} blocks and expanded by name",
-            f"predicted time = compute + comm, no overlap assumed; {self.copies} weight set(s) resident",
+            "predicted time = compute + comm, no overlap assumed"
+            + (" but ring attention's" if rings else "")
+            + f"; {self.copies} weight set(s) resident",
         ]
+        if rings:
+            notes.append(
+                "ring attention (K/V chunks passed around the SP axes, each step's transfer hidden behind its "
+                "attention compute): " + ", ".join(rings)
+            )
         notes += [f"warning: {w}" for w in dict.fromkeys(warnings)]
         if any(s.fsdp for s in chosen.values()):
             notes.append(
@@ -1174,6 +1280,19 @@ class DitFamily:
             for x, lays in self.inputs.items()
         ]
         return tuple(inputs + acts)
+
+
+@dataclass(frozen=True)
+class _RingOption:
+    """A ring option of a macro as `DitFamily.problem` priced it: the strategy, its ILP option (target
+    terms), its evaluation in GSPMD's terms (what a plan with it records), its `RingPrice` (target
+    terms), and why it was not offered to the solver ("" when it was)."""
+
+    strategy: Strategy
+    option: Option
+    evaluation: Evaluation
+    price: RingPrice
+    why_not: str
 
 
 def _weight_bytes(graph: Graph, st, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:

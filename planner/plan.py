@@ -285,6 +285,53 @@ class HeadPadding:
 
 
 @dataclass(frozen=True)
+class RingAttention:
+    """Ring attention for a self-attention with SP (`planner.ring`), priced beside the chosen option:
+    ``option`` is the ring option with the chosen option's axes (σ, t, FSDP, stream) where the chosen
+    option splits the tokens, else the cheapest ring option on its own; ``seconds_own`` its price and
+    ``chosen_seconds_own`` the chosen option's (both as `OptionCost.seconds_own`: per unit, all
+    repetitions). ``offered``: the target lowers ring attention, so the solver could choose it;
+    otherwise ``why_not`` says why not (``no ring SDPA lowering in tt-mlir (tt-mlir #7598)``).
+    ``chosen``: the plan runs it. Per call: ``steps`` ring steps (devices on σ), ``step_compute_s``
+    one step's attention compute, ``step_transfer_s`` one step's K and V chunks to the neighbour,
+    ``gather_s`` the K/V all-gathers the ring replaces."""
+
+    option: str
+    seconds_own: float
+    chosen_seconds_own: float
+    offered: bool
+    why_not: str = ""
+    chosen: bool = False
+    steps: int = 0
+    step_compute_s: float = 0.0
+    step_transfer_s: float = 0.0
+    gather_s: float = 0.0
+
+    @property
+    def saves(self) -> float:
+        """Seconds per unit the ring option would save over the chosen one on its own (negative: it costs more)."""
+        return self.chosen_seconds_own - self.seconds_own
+
+    def to_json(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_json(cls, d: Mapping) -> "RingAttention":
+        return cls(
+            str(d["option"]),
+            float(d["seconds_own"]),
+            float(d["chosen_seconds_own"]),
+            bool(d["offered"]),
+            str(d.get("why_not", "")),
+            bool(d.get("chosen", False)),
+            int(d.get("steps", 0)),
+            float(d.get("step_compute_s", 0.0)),
+            float(d.get("step_transfer_s", 0.0)),
+            float(d.get("gather_s", 0.0)),
+        )
+
+
+@dataclass(frozen=True)
 class Decision:
     """What was chosen for one ILP group and what lost, as data.
 
@@ -318,6 +365,7 @@ class Decision:
     state: str = ""  # which stream layout that is (DiT block macros): STATE A | STATE B | SP-Megatron
     family: str = ""  # a further block family's prefix (``vace_blocks``); ``macro`` is then its block-generic name
     pad_heads: Optional[HeadPadding] = None  # the chosen option runs the attention on zero-padded heads
+    ring: Optional[RingAttention] = None  # a self-attention with SP: ring attention priced beside the choice
 
     @property
     def scope(self) -> str:
@@ -341,7 +389,7 @@ class Decision:
         return next((o for o in self.options if o.name == name), None)
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "node": self.node,
             "macro": self.macro,
             "count": self.count,
@@ -362,6 +410,7 @@ class Decision:
             "state": self.state,
             **({"family": self.family} if self.family else {}),
         } | ({"pad_heads": self.pad_heads.to_json()} if self.pad_heads is not None else {})
+        return out | ({"ring": self.ring.to_json()} if self.ring is not None else {})
 
     @classmethod
     def from_json(cls, d: Mapping) -> "Decision":
@@ -385,6 +434,7 @@ class Decision:
             state=str(d.get("state", "")),
             family=str(d.get("family", "")),
             pad_heads=_maybe(HeadPadding.from_json, d.get("pad_heads")),
+            ring=_maybe(RingAttention.from_json, d.get("ring")),
         )
 
 
@@ -552,6 +602,11 @@ class Plan:
 
     def with_(self, **changes: Any) -> "Plan":
         return replace(self, **changes)
+
+    @property
+    def ring_attention(self) -> tuple[Decision, ...]:
+        """The decisions whose chosen option runs ring attention (`RingAttention.chosen`)."""
+        return tuple(d for d in self.decisions if d.ring is not None and d.ring.chosen)
 
     @property
     def head_padding(self) -> dict[str, int]:

@@ -21,6 +21,11 @@ head-TP(t) [+SP(σ)]    all-reduce of to_out on t; norm_q/k statistics all-reduc
 SP(σ)                  self-attention: K and V (full width) all-gathered on σ; no TP collective
 Ulysses(t×σ)           all-to-all on σ around SDPA (heads split over (t, σ), TP major); to_out
                        all-reduce on t; needs heads % (|t|·|σ|) == 0
++ring                  (self-attention with σ, for head-TP(t)+SP(σ) and SP(σ)) ring attention: instead
+                       of the K/V all-gather, each device's K/V chunk circulates around σ
+                       (|σ|-1 collective-permutes of K and of V), each step's transfer hidden
+                       behind that step's attention (`planner.ring`); offered only on targets
+                       that lower it (`Target.ring_attention`), priced and reported everywhere
 replicated             nothing inside; the stream edge gathers tokens in (and slices out)
 Megatron(t) [+SP(σ)]   one all-reduce on t after the row-parallel linear
 +FSDP                  weights also split over σ, all-gathered per use (memory for time)
@@ -93,6 +98,7 @@ class Strategy:
     guards: tuple[Guard, ...] = ()
     stream: Stream = ((), ())
     pad_heads: int = 0  # attention heads padded to this many (rewrites/pad_heads.py); 0: not padded
+    ring: bool = False  # self-attention K/V circulated around σ instead of all-gathered (`ring_variant`)
 
     @property
     def state(self) -> str:
@@ -649,6 +655,22 @@ def _make(
     return Strategy(name, sigma, tp, ulysses, fsdp, params, forced, guards, stream)
 
 
+def ring_variant(graph: Graph, macro: Macro, s: Strategy) -> Optional[Strategy]:
+    """The ring-attention counterpart of a K/V-gather option `s` of a self-attention with SP (same σ,
+    t, FSDP, stream): K and V stay token-split on σ into the attention, whose ring circulates the
+    chunks (`planner.ring` prices it); None for any other option (Ulysses, no σ, padded heads)."""
+    if macro.kind != "attention" or not macro.self_attention or macro.sdpa is None:
+        return None
+    if not s.sigma or s.ulysses or s.ring or s.pad_heads:
+        return None
+    sdpa = graph[macro.sdpa]
+    forced = dict(s.forced)
+    for x in sdpa.inputs[1:3]:
+        forced[x] = Layout(((), s.tp, s.sigma, ()))
+    name = _name(macro, s.sigma, s.tp, False, s.fsdp, s.stream, ring=True)
+    return dc_replace(s, name=name, forced=forced, ring=True)
+
+
 def with_sources(graph: Graph, mesh: MeshSpec, macro: Macro, s: Strategy) -> tuple[Strategy, str]:
     """`s` with the source parameters of each packed weight of `macro` laid out like the packed
     value (planner.packing), and ""; or `s` and why the packing cannot keep its layout."""
@@ -684,9 +706,11 @@ def _reads_stream(graph: Graph, macro: Macro, lin: Node) -> bool:
     return macro.self_attention or lin.name not in macro.kv or lin.name == macro.qkv[0]
 
 
-def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool, stream: Stream = ((), ())) -> str:
+def _name(macro: Macro, sigma, tp, ulysses: bool, fsdp: bool, stream: Stream = ((), ()), ring: bool = False) -> str:
     s, t = "x".join(sigma), "x".join(tp)
-    if ulysses:
+    if ring:
+        base = (f"head-TP({t})+" if tp else "") + f"SP({s})+ring"
+    elif ulysses:
         base = f"Ulysses({'+'.join(tp + sigma)})"
     elif macro.kind == "attention":
         base = (

@@ -21,7 +21,9 @@ A plan is compiled by one of two partitioners (DESIGN.md §5 "Targets"):
     for this target the lowering writes the halo into the program (`wancompile.halo`: every tile's edge
     rows all-gathered, the tiles moved into the batch of an unpadded conv), and the conv rule prices that;
   * one tensor dim split over two mesh axes is refused in some positions ("Fail to determine
-    shardDims") — recorded by tt-check when it happens, not modelled.
+    shardDims") — recorded by tt-check when it happens, not modelled;
+  * no ring attention: its SDPA has no ring lowering (tt-mlir #7598), so ``ring_attention`` is False
+    and the planner only reports what ring would buy (`planner.ring`); GSPMD has none either.
 
 `planner.pins.target_collectives` predicts a pinned plan's collectives with the target's reshards
 (`planner.propagate.redistribute`'s ``target``); `Target.lower` turns them (GSPMD's terms, as the op rules emit them) into
@@ -64,6 +66,10 @@ class Target:
     # a program result split on one dim over several mesh axes must name them in mesh order (tt-mlir:
     # "Fail to determine shardDims" for {devices=[1,1,1,1,8]<=[2,4]T(1,0)}, W over (model, batch))
     results_in_mesh_order: bool = False
+    # attention with K/V circulating around the SP devices (`planner.ring`): offered to the solver only where the
+    # target lowers it; elsewhere priced and reported (`Decision.ring`) with `no_ring_attention` as the reason
+    ring_attention: bool = False
+    no_ring_attention: str = ""
 
     def profile(self, hw: HardwareProfile) -> HardwareProfile:
         """`hw` as the planner prices it for this target: what it cannot lower priced out."""
@@ -97,7 +103,15 @@ def _point_to_point(c: Collective, mesh: MeshSpec) -> list[Collective]:
 
 
 TARGETS = {
-    "gspmd": Target("gspmd", "XLA GSPMD (CPU, GPU, TPU)", False, False, False, True),
+    "gspmd": Target(
+        "gspmd",
+        "XLA GSPMD (CPU, GPU, TPU)",
+        False,
+        False,
+        False,
+        True,
+        no_ring_attention="no ring attention from GSPMD: sharding annotations make it all-gather K/V or all-to-all heads",
+    ),
     "tt-mlir": Target(
         "tt-mlir",
         "Shardy inside tt-mlir (Tenstorrent, via tt-xla)",
@@ -110,6 +124,7 @@ TARGETS = {
         max_mesh_axes=2,
         unlowerable=("collective-permute",),
         results_in_mesh_order=True,
+        no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
     ),
 }
 

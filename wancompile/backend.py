@@ -95,6 +95,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     plan = plan.with_(target=opts.target or (plan.target if isinstance(opts.plan, Path) else opts.resolved_target))
     if isinstance(opts.plan, Path) and plan.target != saved:
         _check_retarget(graph, plan, saved, opts.plan)
+    _refuse_ring_attention(plan)
     plan.check(graph, unpadded=unpadded)
     if plan.target != "gspmd":
         from planner.pins import target_collectives
@@ -141,9 +142,29 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"{new.head_padding or 'none'}), which this compiled graph cannot follow; compile once per resolution "
                 "(without dynamic=True)"
             )
+        _refuse_ring_attention(new)
         return lower(new)
 
     return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
+
+
+def _refuse_ring_attention(plan: Plan) -> None:
+    """Raise PlanError for a plan that runs ring attention (`Plan.ring_attention`): no lowering here writes
+    one, and its constraints alone would make the partitioner gather K/V, a program without the ring."""
+    rings = plan.ring_attention
+    if not rings:
+        return
+    from planner.targets import get_target
+
+    target = get_target(plan.target)
+    why = target.no_ring_attention or "wancompile's lowering does not write ring attention yet"
+    raise PlanError(
+        "the plan runs ring attention at "
+        + ", ".join(f"{d.scope} ({d.strategy})" for d in rings)
+        + f", which cannot be lowered for target {plan.target!r}: {why}. Re-plan for this target (its plans "
+        f"choose ring attention only where it lowers one: `wancompile plan --target {plan.target}`), or drop the "
+        "`plan` option"
+    )
 
 
 def program_name(plan: Plan) -> str:

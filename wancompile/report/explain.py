@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 
 from planner.plan import Decision, PlanError
-from wancompile.report.model import Report, decision_account, human_bytes, ms, us, weights_text
+from wancompile.report.model import Report, decision_account, human_bytes, ms, ring_text, us, weights_text
 from wancompile.report.trace import generic
 
 
@@ -173,6 +173,8 @@ def _explain_decision(rep: Report, d: Decision) -> str:
         )
     for x in d.excluded:
         lines.append(f"  excluded: {x.option}: {x.reason}")
+    if d.ring is not None:
+        lines.append(f"  {ring_text(d)}")
     for x in decision_account(d):
         lines.append(f"  note: {x}")
     return "\n".join(lines)

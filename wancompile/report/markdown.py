@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from wancompile.report.model import Report, decision_account, human_bytes, human_flops, ms, us, weights_text
+from wancompile.report.model import (
+    Report,
+    decision_account,
+    human_bytes,
+    human_flops,
+    ms,
+    ring_text,
+    us,
+    weights_text,
+)
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -312,6 +321,8 @@ def _why(rep: Report, d) -> list[str]:
         out.append("- other options priced: " + ", ".join(f"`{o.name}` {o.seconds_own * 1e3:.3f} ms" for o in rest))
     if d.excluded:
         out.append("- excluded: " + "; ".join(f"{x.option}: {x.reason}" for x in d.excluded))
+    if d.ring is not None:
+        out.append(f"- {ring_text(d)}")
     for x in decision_account(d):
         out.append(f"- {x}")
     rows = [r for r in rep.rows() if r["group"] == d.macro and r["collectives"]]

@@ -116,6 +116,27 @@ def decision_account(d: Decision) -> list[str]:
     return out
 
 
+def ring_text(d: Decision) -> str:
+    """Ring attention beside the choice, from `Decision.ring`: its price vs the chosen option's, what a
+    step costs, and whether the target offered it (why not); "" for a decision without one."""
+    r = d.ring
+    if r is None:
+        return ""
+    if r.chosen:
+        head = f"ring attention chosen: `{r.option}` {r.seconds_own * 1e3:.3f} ms per {d.unit}"
+    else:
+        verb = "would save" if r.saves >= 0 else "would cost"
+        head = (
+            f"ring attention `{r.option}` {r.seconds_own * 1e3:.3f} ms per {d.unit} vs {r.chosen_seconds_own * 1e3:.3f} "
+            f"ms chosen: it {verb} {abs(r.saves) * 1e3:.3f} ms"
+        )
+    step = (
+        f" ({r.steps} steps of {r.step_compute_s * 1e6:.1f} µs attention and {r.step_transfer_s * 1e6:.1f} µs K/V "
+        f"transfer, replacing {r.gather_s * 1e6:.1f} µs of K/V all-gathers per call)"
+    )
+    return head + step + ("" if r.offered else f"; not offered: {r.why_not}")
+
+
 def weights_text(d: Decision) -> str:
     """``0.71 GB weights/device (weights sharded for memory)``; "" for a decision without weights data."""
     if not d.options or d.unit == "step":
