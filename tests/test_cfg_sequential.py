@@ -147,3 +147,55 @@ def test_full_size_a14b_auto_is_never_slower_than_two_batch1_forwards(a14b_480p,
     assert c.option("sequential").step_seconds == pytest.approx(two, rel=TOLERANCE)
     off = c.option("off")  # the batch carried as a dot dim: the unsplit pair is about two batch-1 forwards
     assert off.feasible and off.step_seconds <= 1.05 * two
+
+
+def test_the_pipeline_runs_two_forwards_when_auto_chooses_them():
+    """compile_pipeline's CFG wrapper under "auto" tells the backend it can run the pair as two forwards
+    (`wancompile.backend.CFG_PAIR_SPLITTABLE`, read by the backend's `plan_dit(..., sequential=...)`); when the
+    planner chooses that (`CfgSequential`), every later step runs cond and uncond as diffusers does. Under
+    "on" the wrapper does not offer it."""
+    import numpy as np
+
+    from wancompile.backend import CFG_PAIR_SPLITTABLE
+    from wancompile.models import build_tiny_pipeline, tiny_pipeline_inputs
+    from wancompile.pipeline import CFGBatched, _capture_negative_prompt, _CFGState
+
+    class Planner(torch.nn.Module):  # stands in for the compiled transformer: the batch-2 plan's decision
+        def __init__(self, module, record):
+            super().__init__()
+            self.module, self.record, self.calls = module, record, []
+
+        def forward(self, hidden_states, *args, **kwargs):
+            self.calls.append((hidden_states.shape[0], CFG_PAIR_SPLITTABLE.get()))
+            if hidden_states.shape[0] == 2 and CFG_PAIR_SPLITTABLE.get():
+                raise RuntimeError("backend failed") from CfgSequential("two batch-1 forwards win", self.record)
+            return self.module(hidden_states, *args, **kwargs)
+
+    def run(pipe):
+        with torch.no_grad():
+            return np.asarray(pipe(**tiny_pipeline_inputs(pipe, seed=0, steps=3), output_type="latent").frames)
+
+    pipe = build_tiny_pipeline(two_experts=False)
+    pipe.set_progress_bar_config(disable=True)
+    ref = run(pipe)
+    from planner.plan import CfgOption, CfgParallel
+
+    mesh = parse_mesh("2x4")
+    record = CfgParallel("auto", "sequential", mesh, 2, (CfgOption("sequential", mesh, step_seconds=1.0),))
+    for mode in ("auto", "on"):
+        cfg, inner = _CFGState(mode), Planner(pipe.transformer, record)
+        _capture_negative_prompt(pipe, cfg)
+        original, pipe.transformer = pipe.transformer, CFGBatched(inner, pipe.transformer, cfg)
+        try:
+            out = run(pipe)
+        finally:
+            pipe.transformer = original
+            del pipe.__dict__["encode_prompt"]
+        assert not CFG_PAIR_SPLITTABLE.get()  # reset after the call
+        if mode == "auto":
+            assert cfg.unbatched == "two batch-1 forwards win" and cfg.batched == 0
+            assert inner.calls == [(2, True)] + [(1, False)] * 6  # then 3 steps x (cond, uncond)
+            assert np.array_equal(out, ref)
+        else:
+            assert cfg.unbatched is None and cfg.batched == 3 and inner.calls == [(2, False)] * 3
+            assert np.allclose(out, ref, atol=1e-5)

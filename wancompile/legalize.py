@@ -92,9 +92,10 @@ def sdpa_unflattened(
     enable_gqa: bool = False,
 ) -> torch.Tensor:
     """F.scaled_dot_product_attention with (B, H) kept as the two products' batch dims for a 4-D query of
-    batch B != 1 (no dropout, causality or grouped heads: the Wan DiT's attention); else the op itself.
+    batch B != 1 and H != 1 (no dropout, causality or grouped heads: the Wan DiT's attention); else the op itself.
     The math is SDPA's reference (scores, optional mask, softmax, weighted values); equal to rounding."""
-    plain = query.dim() != 4 or query.shape[0] == 1 or dropout_p or is_causal or enable_gqa
+    # batch or heads of 1 merge into one contiguous bmm batch: nothing to keep (e.g. the VAE's one-head attention)
+    plain = query.dim() != 4 or query.shape[0] == 1 or query.shape[1] == 1 or dropout_p or is_causal or enable_gqa
     if plain or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
         return F.scaled_dot_product_attention(
             query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa

@@ -560,17 +560,17 @@ class CFGBatched(torch.nn.Module):
             and negative.shape == encoder_hidden_states.shape
         ):
             n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
-            from wancompile.backend import CFG_PAIR_SPLITTABLE
+            from wancompile.backend import cfg_pair_splittable
 
-            token = CFG_PAIR_SPLITTABLE.set(cfg.mode == "auto")  # "auto" may choose two batch-1 forwards
             try:
-                out = self.inner(
-                    hidden_states=torch.cat([hidden_states, hidden_states]),
-                    timestep=torch.cat([timestep, timestep]),
-                    encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
-                    attention_kwargs=attention_kwargs,
-                    return_dict=False,
-                )[0]
+                with cfg_pair_splittable(cfg.mode == "auto"):  # "auto" may choose two batch-1 forwards
+                    out = self.inner(
+                        hidden_states=torch.cat([hidden_states, hidden_states]),
+                        timestep=torch.cat([timestep, timestep]),
+                        encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
+                        attention_kwargs=attention_kwargs,
+                        return_dict=False,
+                    )[0]
             except Exception as e:
                 budget = _planner_error(e, "MemoryBudgetError")
                 sequential = _planner_error(e, "CfgSequential")
@@ -594,8 +594,6 @@ class CFGBatched(torch.nn.Module):
                     return_dict=return_dict,
                     attention_kwargs=attention_kwargs,
                 )
-            finally:
-                CFG_PAIR_SPLITTABLE.reset(token)
             cond, uncond = out.chunk(2)
             pending = tuple((v, v._version) for v in (hidden_states, timestep, n)) + (attention_kwargs, uncond)
             object.__setattr__(self, "_pending", pending)
