@@ -4,11 +4,13 @@
 
 One denoising step = cond + uncond. Per resolution and mesh, the batch-2 graph (the CFG pair as one
 forward, captured on the meta device: 2 blocks, planned for 40) is planned by `planner.cfg.plan_dit`,
-which prices every option: ``off`` (the batch-2 plan on the whole mesh) and ``split(AXIS)`` (AXIS
+which prices every option: ``off`` (the batch-2 plan on the whole mesh), ``split(AXIS)`` (AXIS
 halved: one branch per half, the batch-1 plan on the submesh; by default only the major-most axis, here
 ``batch``; ``split(model)`` — cfg between the two axes — is priced with ``cfg_axes=("model",)`` and is
-not what GSPMD compiles exactly, see planner/cfg.py). For reference the table also gives two
-sequential batch-1 forwards on the whole mesh (what WanPipeline runs without CFG batching). Printed as
+not what GSPMD compiles exactly, see planner/cfg.py) and ``sequential`` (two batch-1 forwards on the whole
+mesh, what WanPipeline runs without CFG batching; offered as compile_pipeline's CFG wrapper offers it,
+``sequential=True``). For reference the table also gives two batch-1 forwards planned on the batch-1
+graph (`plan_graph`, x2). Printed as
 a markdown table: predicted ms per step (compute + comm), GB per device, the option chosen under
 ``auto``, and where an option has no plan, the budget and the smallest budget that plans it (solved).
 Rows for both experts resident (the A14B pipeline) and for one.
@@ -44,7 +46,7 @@ def _cell(o, hw) -> str:
 
 def main() -> None:
     from planner import plan_graph
-    from planner.cfg import CfgInfeasible, plan_dit
+    from planner.cfg import CfgInfeasible, CfgSequential, plan_dit
     from planner.hardware import get_profile
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
@@ -52,22 +54,28 @@ def main() -> None:
     print("ms per denoising step = compute + comm (GB per device)\n")
     print(
         "| res | mesh | hardware | experts resident | 2× batch-1 fwd ms | off | split(batch) | split(model), on request "
-        "| chosen (auto) | off / chosen |"
+        "| sequential | chosen (auto) | 2× batch-1 / chosen |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for res in ("480p", "720p"):
         g1, g2 = capture(res, 1), capture(res, 2)
         for mesh_s, hw_name in CASES:
             mesh, hw = parse_mesh(mesh_s), get_profile(hw_name)
             for experts in (2, 1):
+                two_s = None
                 try:
                     single = plan_graph(g1, mesh, hw, num_blocks=40, weight_copies=experts)
-                    two = f"{2 * single.predicted.step_seconds * 1e3:.0f}"
+                    two_s = 2 * single.predicted.step_seconds
+                    two = f"{two_s * 1e3:.0f}"
                 except PlanError:
                     two = "no plan fits"
                 try:
-                    plan = plan_dit(g2, mesh, hw, cfg_parallel="auto", num_blocks=40, weight_copies=experts)
+                    plan = plan_dit(
+                        g2, mesh, hw, cfg_parallel="auto", sequential=True, num_blocks=40, weight_copies=experts
+                    )
                     options, chosen = plan.cfg_parallel.options, plan.cfg_parallel.chosen
+                except CfgSequential as e:  # two batch-1 forwards won
+                    options, chosen = e.options, e.record.chosen
                 except CfgInfeasible as e:  # no option fits memory: the row says what each needs
                     options, chosen = e.options, "none fits"
                 by = {o.name: o for o in options}
@@ -78,10 +86,10 @@ def main() -> None:
                 except CfgInfeasible as e:
                     extra = e.options
                 by.update({o.name: o for o in extra if o.name not in by})
-                off = by["off"]
                 win = by.get(chosen)
-                ratio = f"{off.step_seconds / win.step_seconds:.2f}" if win is not None and off.feasible else "–"
-                cells = [_cell(by[n], hw) if n in by else "–" for n in ("off", "split(batch)", "split(model)")]
+                ratio = f"{two_s / win.step_seconds:.2f}" if win is not None and two_s else "–"
+                names = ("off", "split(batch)", "split(model)", "sequential")
+                cells = [_cell(by[n], hw) if n in by else "–" for n in names]
                 print(
                     f"| {res} | {mesh_s} | {hw_name} | {experts} | {two} | "
                     + " | ".join(cells)

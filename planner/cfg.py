@@ -14,6 +14,16 @@ Options for a graph of batch B = 2·k on a mesh (a, b) with axes ("batch", "mode
   each half of the mesh runs one branch's plan on its (a/2, b) submesh: the same ILP, priced by the
   same op rules on per-device shapes of batch k, weights held over half as many devices (memory).
 
+- ``sequential``: the pair as two batch-1 forwards on the whole mesh, one after the other (what diffusers'
+  WanPipeline runs without CFG batching, and tt-metal's scheme): the batch-1 plan's step twice, its memory.
+  Priced on the batch-2 graph as the batch-1 plan (`sequential_mesh`): a leading ``cfg`` axis of 2 that is
+  time, not devices — every batch-carrying value split on it, parameters replicated over it, no strategy
+  or collective on it — so each device holds one branch's batch-1 shapes on the user's mesh; step time x2.
+  The caller must run it: a batch-2 forward is one program, so this option is chosen only where the caller
+  says it can split the pair (``sequential=True``: compile_pipeline's CFG wrapper under ``auto``, which then
+  runs cond and uncond as two forwards); `plan_dit` then raises `CfgSequential` carrying the record.
+  Elsewhere it is priced and recorded, with the reason it was not taken.
+
 Which axis is halved by default: the major-most axis of size > 1 (2x4 and 8x4: ``batch``; 1x8:
 ``model``), so ``cfg`` is the major-most split of the device grid. Only that form is checked against
 the compiled HLO on every mesh tried (tests/test_cfg_fidelity.py); with ``cfg`` between two split axes
@@ -22,8 +32,9 @@ all-gathered 10 FSDP weights over (batch, model) instead of batch only — numer
 not the plan's — so other axes are tried only when asked (``cfg_axes``), their cost then optimistic.
 
 The step cost of each option is its plan's predicted time (compute + comm, one batch-2 forward =
-one step); the cheapest feasible option wins under ``auto`` (ties: ``off``). ``on`` takes the best
-split, ``off`` the unsplit plan; either way every option is priced and recorded (`CfgParallel` in
+one step); the cheapest feasible option wins under ``auto`` (ties: ``off``, then the splits, then
+``sequential``), so under the model ``auto`` is never slower than two batch-1 forwards where the caller can
+run them. ``on`` takes the best split, ``off`` the unsplit plan; either way every option is priced and recorded (`CfgParallel` in
 the plan: name, mesh, ms per step, memory per device, or why no plan exists) with a `Decision`
 ``cfg-parallel`` that the dumps and ``wancompile explain`` show.
 
@@ -46,6 +57,11 @@ from planner.strategies import find_structure
 
 CFG_AXIS = "cfg"
 MODES = ("auto", "on", "off")
+SEQUENTIAL = "sequential"
+NOT_RUN_BY_CALLER = (
+    "two batch-1 forwards are the caller's to run (a batch-2 forward is one program): offered where the caller "
+    "can split the pair (compile_pipeline(cfg_parallel='auto'), plan_dit(..., sequential=True))"
+)
 
 
 class CfgInfeasible(PlanError):
@@ -54,6 +70,16 @@ class CfgInfeasible(PlanError):
     def __init__(self, message: str, options: tuple[CfgOption, ...]) -> None:
         super().__init__(message)
         self.options = options
+
+
+class CfgSequential(PlanError):
+    """``auto`` chose two batch-1 forwards (``sequential``) over any batch-2 plan: the caller runs cond and
+    uncond as two forwards. ``record`` is the decision (every option priced); ``options`` as `CfgInfeasible`."""
+
+    def __init__(self, message: str, record: CfgParallel) -> None:
+        super().__init__(message)
+        self.record = record
+        self.options = record.options
 
 
 def normalize_mode(value: Union[str, bool, None]) -> str:
@@ -119,6 +145,21 @@ def split_profile(hw: HardwareProfile, mesh: MeshSpec, axis: str) -> HardwarePro
     return replace(hw, mesh_shape=split.shape, axes=tuple(links[:i] + [cfg, segment] + links[i + 1 :]))
 
 
+def sequential_mesh(mesh: MeshSpec) -> MeshSpec:
+    """`mesh` with a leading ``cfg`` axis of 2 standing for time: the two forwards of ``sequential``."""
+    if CFG_AXIS in mesh.axis_names:
+        raise PlanError(f"mesh {mesh} {mesh.axis_names} already has an axis named {CFG_AXIS!r}")
+    return MeshSpec((2,) + mesh.shape, (CFG_AXIS,) + mesh.axis_names)
+
+
+def sequential_profile(hw: HardwareProfile, mesh: MeshSpec) -> HardwareProfile:
+    """The profile's links for `sequential_mesh(mesh)`: the user's axes as they are, a ``cfg`` axis first
+    (no collective runs on it: the two forwards exchange nothing)."""
+    links = [hw.axis(j, n) for j, n in enumerate(mesh.shape)]
+    cfg = replace(links[0], note="the two forwards in sequence (no collective expected on it)")
+    return replace(hw, mesh_shape=sequential_mesh(mesh).shape, axes=tuple([cfg] + links))
+
+
 def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
     """The profile a plan was priced with: `hw` itself, or its split form for a CFG-split plan."""
     c = plan.cfg_parallel
@@ -135,12 +176,15 @@ def plan_dit(
     cfg_parallel: Union[str, bool, None] = "auto",
     cfg_axes: Optional[tuple[str, ...]] = None,
     target: str = "gspmd",
+    sequential: bool = False,
     **kwargs: Any,
 ) -> Plan:
     """Plan a DiT graph with the CFG-parallel choice (module docstring); `kwargs` go to `plan_graph`.
     `cfg_axes`: the mesh axes that may be halved (default: the major-most axis of size > 1, see the module
     docstring); among several, the cost picks. `target`: a split mesh the partitioner cannot compile
-    (`planner.targets.Target.max_mesh_axes`) is an infeasible option, with its reason.
+    (`planner.targets.Target.max_mesh_axes`) is an infeasible option, with its reason. `sequential`: the caller
+    can run the pair as two batch-1 forwards, so ``auto`` may choose that (then `CfgSequential` is raised);
+    without it the option is priced and recorded, not chosen.
 
     A graph whose batch is not even has no CFG pair to split: ``auto``/``off`` plan it as usual (no
     record), ``on`` raises. ``on`` on a mesh with no even axis, or where no split plan fits memory,
@@ -195,19 +239,60 @@ def plan_dit(
                 plans,
             )
         )
-    domain = [o for o in options if mode == "auto" or (mode == "on") == (o.split_axis is not None)]
+    options.append(_sequential(graph, mesh, hw, kwargs, sequential))
+    domain = [o for o in options if _in_mode(o, mode)]
     allowed = [o for o in domain if o.feasible]
     if not allowed:
         why = "; ".join(f"{o.name}: {o.reason}" for o in domain)
         raise CfgInfeasible(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"), tuple(options))
-    best = min(allowed, key=lambda o: (o.step_seconds, o.split_axis is not None))
+    best = min(allowed, key=lambda o: (o.step_seconds, o.name == SEQUENTIAL, o.split_axis is not None))
     record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
+    if best.name == SEQUENTIAL:
+        rest = ", ".join(f"{o.name} {o.step_seconds * 1e3:.6g} ms" for o in options if o.feasible and o is not best)
+        raise CfgSequential(
+            f"cfg_parallel=auto: two batch-1 forwards on mesh {mesh} are the cheapest way to run the CFG pair "
+            f"({best.step_seconds * 1e3:.6g} ms per step; {rest or 'no batch-2 plan fits'}): run cond and uncond as "
+            "two forwards, or pass cfg_parallel='off' / 'on' to batch the pair anyway",
+            record,
+        )
     plan = plans[best.name]
     return plan.with_(
         cfg_parallel=record,
         decisions=(_decision(record, best),) + plan.decisions,
         notes=plan.notes + (_note(record, best),),
         target=target,
+    )
+
+
+def _in_mode(o: CfgOption, mode: str) -> bool:
+    """Whether option `o` is one `mode` may take: ``auto`` any, ``on`` the splits, ``off`` the unsplit plan."""
+    if mode == "auto":
+        return True
+    return o.split_axis is not None if mode == "on" else o.name == "off"
+
+
+def _sequential(graph: Graph, mesh: MeshSpec, hw: HardwareProfile, kwargs: dict, runnable: bool) -> CfgOption:
+    """The ``sequential`` option: the batch-1 plan on the whole mesh (`sequential_mesh`), its step twice."""
+    from planner.autoplan import plan_graph
+
+    plans: dict[str, Plan] = {}
+    seq = sequential_mesh(mesh)
+    one = _option(
+        SEQUENTIAL,
+        seq,
+        None,
+        lambda: plan_graph(graph, seq, sequential_profile(hw, mesh), batch_axes=(CFG_AXIS,), **kwargs),
+        plans,
+    )
+    if not one.feasible:
+        return replace(one, mesh=mesh)
+    return replace(
+        one,
+        mesh=mesh,
+        step_seconds=2 * one.step_seconds,
+        compute_seconds=2 * one.compute_seconds,
+        comm_seconds=2 * one.comm_seconds,
+        reason="" if runnable else NOT_RUN_BY_CALLER,
     )
 
 

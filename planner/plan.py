@@ -442,9 +442,11 @@ class Decision:
 class CfgOption:
     """One way to run a denoising step's CFG pair (a batch-2 forward), as the planner priced it.
 
-    ``name`` is ``off`` (the batch-2 plan on the whole mesh) or ``split(AXIS)`` (mesh axis AXIS halved:
-    each half runs one branch's plan on its submesh). Times are per denoising step (cond + uncond);
-    ``None`` where no plan exists (``reason`` says why: memory, divisibility)."""
+    ``name`` is ``off`` (the batch-2 plan on the whole mesh), ``split(AXIS)`` (mesh axis AXIS halved:
+    each half runs one branch's plan on its submesh) or ``sequential`` (two batch-1 forwards on the whole
+    mesh, the caller's to run). Times are per denoising step (cond + uncond); ``None`` where no plan
+    exists (``reason`` says why: memory, divisibility). An option priced but not for the taking (``sequential``
+    where the caller runs the batch-2 forward itself) keeps its times and gives its ``reason``."""
 
     name: str
     mesh: MeshSpec  # the mesh this option's plan is made on (3-D for a split)
@@ -458,7 +460,8 @@ class CfgOption:
 
     @property
     def feasible(self) -> bool:
-        return self.step_seconds is not None
+        """Priced and for the taking."""
+        return self.step_seconds is not None and not self.reason
 
     def to_json(self) -> dict:
         return {
@@ -509,7 +512,7 @@ class CfgParallel:
 
     @property
     def split(self) -> bool:
-        return self.chosen != "off"
+        return self.option(self.chosen).split_axis is not None
 
     def to_json(self) -> dict:
         return {

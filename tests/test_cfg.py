@@ -59,7 +59,7 @@ def test_split_profile_makes_ring_halves_lines():
 
 
 def test_by_default_only_the_major_most_axis_is_halved(pair_graph):
-    for mesh, names in (("2x4", ["off", "split(batch)"]), ("1x8", ["off", "split(model)"])):
+    for mesh, names in (("2x4", ["off", "split(batch)", "sequential"]), ("1x8", ["off", "split(model)", "sequential"])):
         plan = plan_dit(pair_graph, parse_mesh(mesh), "wh-loudbox", memory_gb=0.00035)
         assert [o.name for o in plan.cfg_parallel.options] == names
 
@@ -68,15 +68,16 @@ def test_auto_takes_the_cheapest_option_and_records_all(pair_graph):
     plan = plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035, cfg_axes=("batch", "model"))
     c = plan.cfg_parallel
     assert c.mode == "auto" and c.batch == 2 and c.base_mesh == parse_mesh("2x4")
-    assert [o.name for o in c.options] == ["off", "split(batch)", "split(model)"]
-    assert all(o.feasible for o in c.options)
-    best = min(c.options, key=lambda o: (o.step_seconds, o.split_axis is not None))
+    assert [o.name for o in c.options] == ["off", "split(batch)", "split(model)", "sequential"]
+    assert all(o.feasible for o in c.options[:3])
+    assert not c.options[3].feasible and c.options[3].step_seconds  # priced, the caller's to run (test_cfg_sequential)
+    best = min(c.options[:3], key=lambda o: (o.step_seconds, o.split_axis is not None))
     assert c.chosen == best.name
     assert plan.mesh == best.mesh and plan.user_mesh == parse_mesh("2x4")
     assert plan.predicted.step_seconds == best.step_seconds
     d = plan.decisions[0]
     assert d.node == "cfg-parallel" and d.strategy == c.chosen and d.cost == best.step_seconds
-    runner = min((o for o in c.options if o.name != c.chosen), key=lambda o: o.step_seconds)
+    runner = min((o for o in c.options[:3] if o.name != c.chosen), key=lambda o: o.step_seconds)
     assert d.rejected == runner.name and d.rejected_cost == runner.step_seconds >= d.cost
 
 
@@ -109,7 +110,9 @@ def test_memory_excludes_the_split_with_its_need(pair_graph):
     plan = plan_dit(pair_graph, mesh, "wh-loudbox", memory_gb=budget_gb)
     c = plan.cfg_parallel
     assert c.chosen == "off" and plan.mesh == mesh
-    for o in c.options[1:]:
+    for o in c.options:
+        if o.split_axis is None:
+            continue
         assert not o.feasible and o.memory_needed_bytes > budget_gb * 1e9 and "no plan fits" in o.reason
     with pytest.raises(PlanError, match="cfg_parallel=on: no plan"):
         plan_dit(pair_graph, mesh, "wh-loudbox", memory_gb=budget_gb, cfg_parallel="on")
@@ -140,7 +143,7 @@ def test_forcing_is_checked(pair_graph, single_graph):
     with pytest.raises(PlanError, match="auto, on"):
         plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", cfg_parallel="maybe")
     off = plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035, cfg_parallel=False)
-    assert off.cfg_parallel.chosen == "off" and off.mesh == parse_mesh("2x4") and len(off.cfg_parallel.options) == 2
+    assert off.cfg_parallel.chosen == "off" and off.mesh == parse_mesh("2x4") and len(off.cfg_parallel.options) == 3
     # batch 1 under auto: the ordinary plan, no record (plans of batch-1 graphs are unchanged)
     assert plan_dit(single_graph, parse_mesh("2x4"), "wh-loudbox").cfg_parallel is None
 

@@ -1,7 +1,9 @@
 """CFG parallel, checked against the compiled program: a batch-2 tiny DiT (cond and uncond concatenated on
-the batch) compiled by the backend with ``cfg_parallel="on"`` on 8 and 32 virtual CPU devices.
+the batch) compiled by the backend with ``cfg_parallel="on"`` on 8 and 32 virtual CPU devices, and with
+``cfg_parallel="off"`` (the batch-2 plan on the whole mesh: the batch whole, carried by every product as a
+free dim, so sequence parallelism splits the tokens under it — `planner.rules.matmul.keeps_leading_dims`).
 
-Per mesh (each in its own subprocess), the plan's mesh is the split 3-D mesh (planner.cfg) and:
+Per mesh (each in its own subprocess), the plan's mesh is the split 3-D mesh (planner.cfg; "off": the user's) and:
 
 - numerics: the compiled batch-2 output vs eager fp32 running the two batch-1 forwards one after the
   other (what diffusers' WanPipeline does without CFG batching): PCC >= 0.99999, max-abs stated;
@@ -25,8 +27,8 @@ from conftest import assert_matches_prediction
 ROOT = Path(__file__).resolve().parents[1]
 
 # case -> (mesh, budget GB, axes the planner may halve (None: the default, the major-most axis), the split it
-# must take). "*/model" cases ask for cfg between two axes (cfg_axes=("model",)) and are compiled through the
-# backend's `plan` option (a saved CFG plan on the user's 2-D mesh).
+# must take; None: cfg_parallel="off"). "*/model" cases ask for cfg between two axes (cfg_axes=("model",)) and
+# are compiled through the backend's `plan` option (a saved CFG plan on the user's 2-D mesh).
 CASES = {
     "2x4": ("2x4", 0.00035, None, "batch"),
     "4x2": ("4x2", 0.00035, None, "batch"),
@@ -36,11 +38,20 @@ CASES = {
     # (8x2x2, head-TP + SP + FSDP everywhere: the known GSPMD deviation, pinned below)
     "8x4": ("8x4", 0.00025, None, "batch"),
     "8x4/model": ("8x4", 0.0002, ("model",), "model"),
+    # the pair unsplit on the whole mesh: tokens split under the whole batch of 2 (SP per linear, no gather)
+    "2x4/off": ("2x4", 0.00035, None, None),
+    "8x4/off": ("8x4", 0.00025, None, None),
 }
 
 # One subprocess per group. "1x8" (1x2x4) and "2x4" (2x1x4) put every device at the same coordinates: the same
 # partitioned program, which XLA serves from its cache without a new HLO dump in the second case.
-GROUPS = [(8, ["2x4", "4x2", "2x4/model"]), (8, ["1x8"]), (32, ["8x4", "8x4/model"])]
+GROUPS = [
+    (8, ["2x4", "4x2", "2x4/model"]),
+    (8, ["1x8"]),
+    (32, ["8x4", "8x4/model"]),
+    (8, ["2x4/off"]),
+    (32, ["8x4/off"]),
+]
 
 
 @pytest.mark.slow
@@ -52,8 +63,11 @@ def test_cfg_parallel_compiles_to_its_plan(devices, cases):
     assert "Involuntary full rematerialization" not in stderr, stderr[-3000:]
     for row in rows:
         where = f"{row['case']}: {row['strategies']}\n" + "\n".join(row["table"])
-        assert row["chosen"] == f"split({CASES[row['case']][3]})", where
-        assert "cfg" in row["plan_mesh"]["axis_names"], where
+        split = CASES[row["case"]][3]
+        assert row["chosen"] == (f"split({split})" if split else "off"), where
+        assert ("cfg" in row["plan_mesh"]["axis_names"]) == bool(split), where
+        if not split:  # sequence parallel survives the whole batch of 2
+            assert any("SP(" in s for s in row["strategies"].values()), where
         assert row["pcc"] >= 0.99999 and row["max_abs"] < 1e-5, (where, row["pcc"], row["max_abs"])
         assert row["pcc_one_device"] >= 0.99999, (where, row["pcc_one_device"])
         assert row["sharded_params"] > 0 and row["matches"], where
@@ -99,7 +113,7 @@ def _main(devices: int, cases: list[str]) -> None:
         eager = torch.cat([model(**cond, return_dict=False)[0], model(**uncond, return_dict=False)[0]])
     for case in cases:
         mesh, budget, axes, _ = CASES[case]
-        options = {"mesh": mesh, "memory_gb": budget, "cfg_parallel": "on"}
+        options = {"mesh": mesh, "memory_gb": budget, "cfg_parallel": "on" if CASES[case][3] else "off"}
         if axes is not None:
             graph, _ = capture_module(model, **pair, return_dict=False, model="wan-dit")
             spec = parse_mesh(mesh)

@@ -14,6 +14,8 @@ without a plan that fits it.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import fnmatch
 import logging
 import re
@@ -35,6 +37,19 @@ from wancompile.verify import VerificationError, check_finite_inputs, numerics, 
 log = logging.getLogger("wancompile")
 
 _RECENT: list = []  # the last programs compiled in this process, newest last (for inspection)
+# True while a caller that can run a CFG pair as two batch-1 forwards instead (compile_pipeline's `CFGBatched`)
+# calls its batch-2 forward: the planner may then choose ``sequential`` (planner.cfg.CfgSequential is raised)
+CFG_PAIR_SPLITTABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("wancompile_cfg_pair", default=False)
+
+
+@contextlib.contextmanager
+def cfg_pair_splittable(flag: bool = True):
+    """Calls inside run a CFG pair's batch-2 forward that the caller can run as two forwards instead."""
+    token = CFG_PAIR_SPLITTABLE.set(flag)
+    try:
+        yield
+    finally:
+        CFG_PAIR_SPLITTABLE.reset(token)
 
 
 def last_program():
@@ -371,6 +386,7 @@ def solve(
             weight_copies=opts.weight_sets,
             target=opts.resolved_target,
             pad_heads=padder,
+            sequential=CFG_PAIR_SPLITTABLE.get(),
         )
     return replicated_plan(graph, mesh, opts)
 

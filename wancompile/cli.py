@@ -352,7 +352,8 @@ def plan_command(args: argparse.Namespace) -> int:
             f"  CFG parallel ({c.mode}): chosen {c.chosen}; "
             + "; ".join(
                 f"{o.name} {o.step_seconds * 1e3:.1f} ms/step, {o.memory_bytes_per_device / 1e9:.2f} GB/device"
-                if o.feasible
+                + ("" if o.feasible else " (the caller's to run)")
+                if o.step_seconds is not None
                 else f"{o.name}: no plan"
                 for o in c.options
             )

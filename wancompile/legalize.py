@@ -9,6 +9,16 @@ attributed to K/V recomputation. Written as mean / centred mean-square / rsqrt, 
 a pair of reductions over D that GSPMD keeps token-local; the gathers disappear
 (tests/test_lowering.py asserts both ways).
 
+``linear`` on a 3-D x of batch B != 1 (a CFG pair's (2, L, D) stream): torch_xla flattens x to (B·L, D)
+rows before the dot, and a token split under a whole batch is not one contiguous run of rows there, so
+GSPMD gathers it before every projection. Written as ``einsum("blk,nk->bln")`` (`linear_unflattened`),
+torch_xla emits one dot with B and L as free dims, which GSPMD partitions on either with no collective;
+the planner's linear rule prices that form (`planner.rules.matmul.keeps_leading_dims`). Likewise
+``scaled_dot_product_attention`` on (B, H, L, d) with B != 1: torch_xla's lowering merges (B, H) into one
+bmm batch dim, and heads split under a whole batch are gathered first; written as two einsums with B and
+H as the dots' batch dims and a softmax between (`sdpa_unflattened`) they stay split, as the attention rule
+prices them (`planner.rules.attention`: batch and head splits pass through).
+
 ``t.to(<device>)``: dropped (`drop_device_moves`): dynamo bakes the traced-on device (the host) into
 diffusers' ``shift.to(hidden_states.device)``; lowered, that copies to the host mid-trace and comes
 back as a constant, which a replayed program would keep from its first call.
@@ -60,18 +70,70 @@ def layer_norm_decomposed(
     return y
 
 
-_REPLACEMENTS = {F.layer_norm: layer_norm_decomposed, torch.layer_norm: layer_norm_decomposed}
+def linear_unflattened(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """F.linear with x's batch and token dims kept as the dot's free dims where the planner prices it so
+    (`planner.rules.matmul.keeps_leading_dims`); else F.linear itself."""
+    from planner.rules.matmul import keeps_leading_dims
+
+    if not keeps_leading_dims("linear", tuple(x.shape)) or weight.dim() != 2:
+        return F.linear(x, weight, bias)
+    y = torch.einsum("blk,nk->bln", x, weight)
+    return y if bias is None else y + bias
+
+
+def sdpa_unflattened(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attn_mask: Optional[torch.Tensor] = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    scale: Optional[float] = None,
+    enable_gqa: bool = False,
+) -> torch.Tensor:
+    """F.scaled_dot_product_attention with (B, H) kept as the two products' batch dims for a 4-D query of
+    batch B != 1 and H != 1 (no dropout, causality or grouped heads: the Wan DiT's attention); else the op itself.
+    The math is SDPA's reference (scores, optional mask, softmax, weighted values); equal to rounding."""
+    # batch or heads of 1 merge into one contiguous bmm batch: nothing to keep (e.g. the VAE's one-head attention)
+    plain = query.dim() != 4 or query.shape[0] == 1 or query.shape[1] == 1 or dropout_p or is_causal or enable_gqa
+    if plain or key.shape[:2] != query.shape[:2] or value.shape[:2] != query.shape[:2]:
+        return F.scaled_dot_product_attention(
+            query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa
+        )
+    scores = torch.einsum("bhld,bhmd->bhlm", query, key) * (query.shape[-1] ** -0.5 if scale is None else scale)
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            scores = scores + attn_mask
+    return torch.einsum("bhlm,bhmd->bhld", scores.softmax(-1), value)
+
+
+_REPLACEMENTS = {
+    F.layer_norm: layer_norm_decomposed,
+    torch.layer_norm: layer_norm_decomposed,
+}
+# the same op where the planner prices it so, else the op itself (decided per call on x's shape): not counted
+_ROUTED = {
+    F.linear: linear_unflattened,
+    torch._C._nn.linear: linear_unflattened,
+    F.scaled_dot_product_attention: sdpa_unflattened,
+    torch._C._nn.scaled_dot_product_attention: sdpa_unflattened,
+}
 
 
 def legalize(gm: fx.GraphModule) -> tuple[fx.GraphModule, int]:
     """Return a copy of `gm` with SPMD-unfriendly ops replaced, and how many were replaced; device-only
-    ``.to`` moves are dropped too (`drop_device_moves`, not counted)."""
+    ``.to`` moves are dropped too (`drop_device_moves`, not counted), and linears routed through
+    `linear_unflattened` (not counted: it is the op itself where the planner prices the flattened form)."""
     gm, _ = drop_device_moves(gm)
     count = 0
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in _REPLACEMENTS:
             node.target = _REPLACEMENTS[node.target]
             count += 1
+        elif node.op == "call_function" and node.target in _ROUTED:
+            node.target = _ROUTED[node.target]
     gm.recompile()
     return gm, count
 

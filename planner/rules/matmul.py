@@ -13,9 +13,13 @@ Einsum ``...k, nk -> ...n``. Per mesh axis (one-axis table):
 
 x's last dim is sliced locally (free) or gathered to match the weight's contraction split; an x split
 on K over axes the weight does not use (a hidden-split stream entering a replicated projection) is
-met by slicing the weight instead, the output then reduced — what GSPMD does rather than gather x. x's
-leading dims are flattened into the dot's rows by the lowering: a split there that would not leave
-each device one contiguous run of rows is gathered first (`_rows`).
+met by slicing the weight instead, the output then reduced — what GSPMD does rather than gather x.
+
+x's leading dims: a ``linear`` on a 3-D x of batch B != 1 (the DiT's (B, L, D) stream of a CFG pair) is
+lowered as a dot that keeps B and L as two free dims (`keeps_leading_dims`, `wancompile.legalize`), so
+the batch is simply carried and any split of B or L survives — sequence parallelism under a whole batch
+of 2. Otherwise torch_xla flattens them into the dot's rows: a split there that would not leave each
+device one contiguous run of rows is gathered first (`_rows`).
 """
 
 from __future__ import annotations
@@ -24,12 +28,21 @@ from planner.placements import Layout, numel, shard_count
 from planner.rules import InOpComm, OpView, RuleResult, register_rule
 
 
+def keeps_leading_dims(op: str, shape) -> bool:
+    """The lowering keeps x's leading dims as the dot's free dims (no flattening into rows): a ``linear``
+    whose x is 3-D with a batch (dim 0) other than 1 (`wancompile.legalize.linear_unflattened`; measured:
+    (2, L, D) split on L over 8 devices compiles with no collective, where the flattened form gathers)."""
+    return op == "linear" and len(shape) == 3 and bool(shape[0] != 1)
+
+
 def _rows(op: OpView, x: int, xl: Layout) -> Layout:
     """x's layout as the product can keep it. torch_xla lowers the product as a 2-D dot over x's
     leading dims flattened into rows: their split survives only while each device's rows stay one
     contiguous run (every dim before the last split one has one element per device), else the rows
     are gathered first (measured: a conv1x1-rewritten VAE linear on an H/W-split (B, T, H, W, C)
     all-gathers H and W; the DiT's (B, L, D) with B whole or split to 1 keeps L split)."""
+    if keeps_leading_dims(op.node.op, op.shape(x)):
+        return xl
     lead = xl.dims[:-1]
     split = [i for i, axes in enumerate(lead) if axes]
     if not split:

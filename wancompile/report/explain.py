@@ -103,11 +103,12 @@ def _explain_cfg(c) -> str:
     lines = [f"cfg-parallel: {c.chosen} (mode {c.mode}; batch {c.batch} on mesh {base} {base.axis_names})"]
     for o in c.options:
         mark = " *" if o.name == c.chosen else ""
-        if o.feasible:
+        if o.step_seconds is not None:
             lines.append(
                 f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: {ms(o.step_seconds)} ms per step = compute "
                 f"{ms(o.compute_seconds)} + comm {ms(o.comm_seconds)}; "
                 f"{o.memory_bytes_per_device / 1e9:.4g} GB/device{mark}"
+                + (f" — not taken: {o.reason}" if o.reason else "")
             )
         else:
             lines.append(f"  {o.name:<14} on {o.mesh} {o.mesh.axis_names}: no plan — {o.reason}{mark}")
