@@ -318,6 +318,11 @@ class Decision:
     state: str = ""  # which stream layout that is (DiT block macros): STATE A | STATE B | SP-Megatron
     family: str = ""  # a further block family's prefix (``vace_blocks``); ``macro`` is then its block-generic name
     pad_heads: Optional[HeadPadding] = None  # the chosen option runs the attention on zero-padded heads
+    # FSDP per block range: blocks [first, stop) run ``fsdp_strategy`` (the chosen strategy with its
+    # weights also split over its SP axes, gathered per use), the others ``strategy``; None: all
+    # blocks run ``strategy`` (which may itself be an FSDP option: ``fsdp``)
+    fsdp_blocks: Optional[tuple[int, int]] = None
+    fsdp_strategy: str = ""
 
     @property
     def scope(self) -> str:
@@ -361,6 +366,11 @@ class Decision:
             "unit": self.unit,
             "state": self.state,
             **({"family": self.family} if self.family else {}),
+            **(
+                {"fsdp_blocks": list(self.fsdp_blocks), "fsdp_strategy": self.fsdp_strategy}
+                if self.fsdp_blocks is not None
+                else {}
+            ),
         } | ({"pad_heads": self.pad_heads.to_json()} if self.pad_heads is not None else {})
 
     @classmethod
@@ -385,6 +395,8 @@ class Decision:
             state=str(d.get("state", "")),
             family=str(d.get("family", "")),
             pad_heads=_maybe(HeadPadding.from_json, d.get("pad_heads")),
+            fsdp_blocks=_maybe(lambda r: (int(r[0]), int(r[1])), d.get("fsdp_blocks")),
+            fsdp_strategy=str(d.get("fsdp_strategy", "")),
         )
 
 
