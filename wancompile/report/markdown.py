@@ -11,7 +11,16 @@ from __future__ import annotations
 
 from typing import Iterable, Sequence
 
-from wancompile.report.model import Report, decision_account, human_bytes, human_flops, ms, us, weights_text
+from wancompile.report.model import (
+    Report,
+    decision_account,
+    fsdp_range_text,
+    human_bytes,
+    human_flops,
+    ms,
+    us,
+    weights_text,
+)
 
 
 def _table(header: Sequence[str], rows: Iterable[Sequence[str]]) -> list[str]:
@@ -121,7 +130,8 @@ def render_markdown(rep: Report) -> str:
             (
                 (
                     d.node,
-                    f"**{d.strategy}**",
+                    f"**{d.strategy}**"
+                    + (f" (+FSDP on blocks {d.fsdp_blocks[0]}..{d.fsdp_blocks[1] - 1})" if d.fsdp_blocks else ""),
                     ms(d.cost),
                     d.rejected or "—",
                     ms(d.rejected_cost),
@@ -295,6 +305,8 @@ def _why(rep: Report, d) -> list[str]:
         + f": the best plan with it costs {ms(d.cost)} ms per {unit}"
         + (f"; {memory}" if memory else "")
     )
+    if d.fsdp_blocks is not None:
+        out.append(f"- **FSDP block range**: {fsdp_range_text(d)}")
     if d.pad_heads is not None:
         p = d.pad_heads
         out.append(

@@ -116,6 +116,20 @@ def decision_account(d: Decision) -> list[str]:
     return out
 
 
+def fsdp_range_text(d: Decision) -> str:
+    """FSDP per block range in words: ``blocks 37..39 run `X+FSDP` (weights also split over the SP
+    axes, gathered per use), blocks 0..36 `X```; "" for a decision all of whose blocks run one option."""
+    if d.fsdp_blocks is None:
+        return ""
+    first, stop = d.fsdp_blocks
+    rest = f"0..{first - 1}" if first else ""
+    rest += (", " if rest else "") + (f"{stop}..{d.count - 1}" if stop < d.count else "")
+    return (
+        f"blocks {first}..{stop - 1} run `{d.fsdp_strategy}` (weights also split over the SP axes, gathered per "
+        f"use: only as many blocks as memory needs), blocks {rest} `{d.strategy}`"
+    )
+
+
 def weights_text(d: Decision) -> str:
     """``0.71 GB weights/device (weights sharded for memory)``; "" for a decision without weights data."""
     if not d.options or d.unit == "step":
