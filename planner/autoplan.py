@@ -821,7 +821,10 @@ class DitFamily:
                 "memory forces weight sharding: "
                 + ", ".join(
                     [f"{m} {s.name}" for m, s in chosen.items() if s.fsdp]
-                    + [f"{m} {t.name} on blocks {a}..{b - 1}" for m, (t, (a, b)) in solution.twins.items()]
+                    + [
+                        f"{m} {t.name} on " + (f"block {a}" if b - a == 1 else f"blocks {a}..{b - 1}")
+                        for m, (t, (a, b)) in solution.twins.items()
+                    ]
                 )
             )
         plan = Plan(

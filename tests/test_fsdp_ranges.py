@@ -125,7 +125,8 @@ def test_the_range_is_data_in_the_plan_dump_and_in_words_in_plan_md_and_explain(
     assert Decision.from_json(d.to_json()) == d
     assert load_plan(save_plan(plan, tmp_path / "p.json")).decisions == plan.decisions
     first, stop = d.fsdp_blocks
-    words = f"blocks {first}..{stop - 1} run `{d.fsdp_strategy}`"
+    words = f"blocks {first}..{stop - 1} run" if stop - first > 1 else f"block {first} runs"
+    words += f" `{d.fsdp_strategy}`"
     rep = Report(plan)
     assert words in render_markdown(rep)
     assert words in explain(rep, d.macro)

@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 
 from wancompile.report.model import (
     Report,
+    blocks_text,
     decision_account,
     fsdp_range_text,
     human_bytes,
@@ -130,8 +131,7 @@ def render_markdown(rep: Report) -> str:
             (
                 (
                     d.node,
-                    f"**{d.strategy}**"
-                    + (f" (+FSDP on blocks {d.fsdp_blocks[0]}..{d.fsdp_blocks[1] - 1})" if d.fsdp_blocks else ""),
+                    f"**{d.strategy}**" + (f" (+FSDP on {blocks_text(*d.fsdp_blocks)})" if d.fsdp_blocks else ""),
                     ms(d.cost),
                     d.rejected or "—",
                     ms(d.rejected_cost),

@@ -116,17 +116,21 @@ def decision_account(d: Decision) -> list[str]:
     return out
 
 
+def blocks_text(first: int, stop: int) -> str:
+    """Blocks [first, stop) in words: ``blocks 37..39``, ``block 1``."""
+    return f"block {first}" if stop - first == 1 else f"blocks {first}..{stop - 1}"
+
+
 def fsdp_range_text(d: Decision) -> str:
     """FSDP per block range in words: ``blocks 37..39 run `X+FSDP` (weights also split over the SP
     axes, gathered per use), blocks 0..36 `X```; "" for a decision all of whose blocks run one option."""
     if d.fsdp_blocks is None:
         return ""
     first, stop = d.fsdp_blocks
-    rest = f"0..{first - 1}" if first else ""
-    rest += (", " if rest else "") + (f"{stop}..{d.count - 1}" if stop < d.count else "")
+    rest = [blocks_text(a, b) for a, b in ((0, first), (stop, d.count)) if b > a]
     return (
-        f"blocks {first}..{stop - 1} run `{d.fsdp_strategy}` (weights also split over the SP axes, gathered per "
-        f"use: only as many blocks as memory needs), blocks {rest} `{d.strategy}`"
+        f"{blocks_text(first, stop)} {'runs' if stop - first == 1 else 'run'} `{d.fsdp_strategy}` (weights also split over the SP axes, gathered per "
+        f"use: only as many blocks as memory needs), {' and '.join(rest)} `{d.strategy}`"
     )
 
 
