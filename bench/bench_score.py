@@ -17,9 +17,9 @@ The plans, each compiled (traced and compiled by XLA, not run) on 32 virtual CPU
 
   (a) auto: the plan the planner makes for the FULL-SIZE A14B at 720p, both experts resident
       (weight_copies=2), 40 blocks, wh-galaxy 8×4 — its strategy per macro, transferred to the ÷16
-      model by re-planning the ÷16 graph with ``only={macro: '^<that strategy>$'}`` (same strategies
-      and stream layouts, checked; the op rules re-derive shardings, constraints and bill for the
-      small shapes). A saved plan
+      model by re-planning the ÷16 graph with ``only={macro: '^<that strategy>$'}`` and its FSDP
+      block ranges with ``fsdp_blocks={macro: k}`` (``only`` then also admits the range's +FSDP option) (same strategies, stream layouts and ranges,
+      checked; the op rules re-derive shardings, constraints and bill for the small shapes). A saved plan
       cannot be loaded as is: its geometry (head dim, tokens) is the full model's, and `Plan.check`
       refuses that. Compiled through ``backend="wan_autoshard"`` with ``options={"plan": path}``.
   (b) ``plan="tt-xla"`` through wancompile: the hand plan, wancompile's lowering (legalized
@@ -140,12 +140,29 @@ def streams(plan) -> dict[str, str]:
     return {d.macro: d.stream for d in plan.decisions}
 
 
+def fsdp_counts(plan) -> dict[str, int]:
+    """Block macro -> how many of its blocks run the FSDP twin of its strategy (`Decision.fsdp_blocks`)."""
+    return {
+        d.macro: (d.fsdp_blocks[1] - d.fsdp_blocks[0] if d.fsdp_blocks else 0) for d in plan.decisions if d.count > 1
+    }
+
+
+def scaled_fsdp(counts: dict[str, int], blocks: int) -> dict[str, int]:
+    """The FSDP block counts of the 40-block plan for a `blocks`-block compile: the same share of the
+    blocks the extrapolation scales (blocks − 1 of them stand for 39; the range is the last blocks,
+    so a 1-block compile has none), rounded: exact only where k·(blocks − 1)/39 is whole."""
+    if blocks == FULL_BLOCKS:
+        return dict(counts)
+    return {m: round(k * (blocks - 1) / (FULL_BLOCKS - 1)) for m, k in counts.items()}
+
+
 @dataclass
 class Plans:
     """What the parent process plans on the meta device: the full-size plans' cost-model
     predictions, the auto plan's strategies, and the ÷16 auto plan file for `blocks` blocks."""
 
     strategies: dict[str, str]
+    fsdp: dict[str, int]  # block macro -> blocks on the FSDP twin in the full plan (FSDP per block range)
     layout: str  # the full auto plan's stream layout (bench_planner.stream_layout: STATE A / B / SP-Megatron)
     predicted: dict[str, tuple[float, float]]  # plan -> (step s, comm s), full size, the cost model's
     small_plan: dict[int, Path] = field(default_factory=dict)  # blocks -> plan.json of (a) for the ÷16 model
@@ -168,6 +185,7 @@ def make_plans(out_dir: Path, block_counts: list[int], target: str = "gspmd") ->
     save_plan(full, out_dir / "full-a14b-720p.plan.json")
     plans = Plans(
         chosen_strategies(full),
+        fsdp_counts(full),
         stream_layout(full),
         {
             "a": (full.predicted.step_seconds, full.predicted.comm_seconds),
@@ -177,12 +195,19 @@ def make_plans(out_dir: Path, block_counts: list[int], target: str = "gspmd") ->
     for blocks in block_counts:
         m = small_model(min(blocks, 2), device="meta")
         graph, _ = capture_module(m, **small_inputs("meta"), return_dict=False, model=f"{BASE_MODEL}/16")
-        only = {k: "^" + re.escape(v) + "$" for k, v in plans.strategies.items()}
-        small = plan_graph(graph, mesh, HARDWARE, num_blocks=blocks, weight_copies=2, only=only, target=target)
-        got = (chosen_strategies(small), streams(small))
-        if got != (plans.strategies, streams(full)):
+        twins = {d.macro: d.fsdp_strategy for d in full.decisions if d.fsdp_blocks}  # the range's option, allowed too
+        only = {
+            k: "^(" + "|".join(map(re.escape, filter(None, (v, twins.get(k))))) + ")$"
+            for k, v in plans.strategies.items()
+        }
+        fsdp = scaled_fsdp(plans.fsdp, blocks)
+        small = plan_graph(
+            graph, mesh, HARDWARE, num_blocks=blocks, weight_copies=2, only=only, target=target, fsdp_blocks=fsdp
+        )
+        got = (chosen_strategies(small), streams(small), fsdp_counts(small))
+        if got != (plans.strategies, streams(full), fsdp):
             raise SystemExit(
-                f"bench_score: the ÷16 re-plan chose {got}, not the full plan's {(plans.strategies, streams(full))}"
+                f"bench_score: the ÷16 re-plan chose {got}, not the full plan's {(plans.strategies, streams(full), fsdp)}"
             )
         plans.small_plan[blocks] = save_plan(small, out_dir / f"a-div16-{blocks}blocks.plan.json")
     return plans
@@ -501,9 +526,16 @@ def main() -> None:
     print(f"planned on meta in {time.perf_counter() - t0:.1f} s; work dir {work}", flush=True)
     print(
         f"full-size auto plan (A14B 720p, wh-galaxy 8x4, 2 experts, 40 blocks), stream {plans.layout}: "
-        + "; ".join(f"{k}={v}" for k, v in plans.strategies.items()),
+        + "; ".join(f"{k}={v}" for k, v in plans.strategies.items())
+        + "".join(f"; {m}: its +FSDP twin on the last {k} blocks" for m, k in plans.fsdp.items() if k),
         flush=True,
     )
+    if "a" in which and args.blocks < FULL_BLOCKS and any(plans.fsdp.values()):
+        print(
+            f"FSDP block ranges scaled to {args.blocks} blocks: {scaled_fsdp(plans.fsdp, args.blocks)} of "
+            f"{args.blocks} (the extrapolation is exact only where k·{args.blocks - 1}/39 is whole)",
+            flush=True,
+        )
 
     compiled = {}
     for n in counts:

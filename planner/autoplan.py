@@ -69,6 +69,7 @@ def plan_graph(
     preset: str = "auto",
     target: str = "gspmd",
     pad_heads: Optional[PadHeads] = None,
+    fsdp_blocks: Optional[Mapping[str, int]] = None,
 ) -> Plan:
     """Plan a captured Wan DiT graph.
 
@@ -105,6 +106,10 @@ def plan_graph(
             split of the mesh does not divide are also offered head-TP / Ulysses on padded heads,
             priced on that graph; a plan that chooses one names ops of the padded graph and records
             the padding in its decisions (`Plan.head_padding`). None: no padded options.
+        fsdp_blocks: block macro -> how many of its blocks run the FSDP twin of its chosen strategy
+            (0 .. num_blocks - 1; fixes the ILP's w, `planner.ilp` (e)): with ``only``, transfers a
+            plan's FSDP block range to another model (``bench/bench_score.py``). None: the solver
+            decides, for every block macro, how many blocks (the last ones) memory needs on the twin.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
@@ -129,6 +134,7 @@ def plan_graph(
         model=model or graph.model,
         target=target,
         pad_heads=pad_heads,
+        fsdp_blocks=fsdp_blocks,
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     return engine.plan(family, budget, time_limit_s).with_(target=target)
@@ -179,6 +185,7 @@ class DitFamily:
         model: str = "",
         target: str = "gspmd",
         pad_heads: Optional[PadHeads] = None,
+        fsdp_blocks: Optional[Mapping[str, int]] = None,
     ):
         if preset not in PRESETS:
             raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
@@ -201,6 +208,7 @@ class DitFamily:
         # None: GSPMD, whose reshards the rules' events are in; else the target the options are priced for
         self.target = None if target == "gspmd" else get_target(target)
         self.pad_heads = pad_heads
+        self.fsdp_blocks = dict(fsdp_blocks or {})
         self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if pad_heads is not None else {}
         self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or why not
         # macro name -> every ring option priced by `problem` (offered to the solver or not), `_RingOption`
@@ -220,6 +228,7 @@ class DitFamily:
             model=self.model,
             target=self.target_name,
             pad_heads=self.pad_heads,
+            fsdp_blocks=self.fsdp_blocks,
         )
         return DitFamily(graph or self.g, mesh or self.mesh, self.hw, **{**options, **changes})
 
@@ -482,11 +491,13 @@ class DitFamily:
                 ev = evals[m.name, s.name] = fam.eval_macro(mm, s)
                 cost = fam.eval_macro(mm, s, priced=True) if self.target is not None else ev
                 options.append(pricing.option(s.name, s.stream, cost, fam.param_bytes(mm, s), self._once(m, s, first)))
-            groups.append(Group(m.name, tuple(options), self.reps(m)))
+            twins = _twins(opts) if self.reps(m) > 1 else ()
+            groups.append(Group(m.name, tuple(options), self.reps(m), twins, self.fsdp_blocks.get(m.name)))
             tables[m.name], excluded[m.name] = opts, why
         edges = self.edges(tables)
         if self.preset == "tt-xla":
             self._keep_the_seed_plan(groups, tables, excluded)
+        self._check_fsdp_blocks(groups)
         return engine.Problem(
             tuple(groups),
             tuple(edges),
@@ -580,6 +591,25 @@ class DitFamily:
                 ring = next(r for r in self._rings[m.name] if r.strategy.name == s.name)
                 total += self.reps(m) * ring.price.hidden_s
         return total
+
+    def _check_fsdp_blocks(self, groups: list[Group]) -> None:
+        """`fsdp_blocks` names block macros that have FSDP twins, with 0 .. n - 1 blocks on the twin."""
+        by_name = {g.name: g for g in groups}
+        for name, k in self.fsdp_blocks.items():
+            g = by_name.get(name)
+            if g is None or g.count < 2:
+                blocks = sorted(h.name for h in groups if h.count > 1)
+                raise PlanError(f"fsdp_blocks names {name!r}, which is not a block macro of this model ({blocks})")
+            if not 0 <= k < g.count:
+                raise PlanError(
+                    f"fsdp_blocks[{name!r}] = {k}: give 0 .. {g.count - 1} blocks on the FSDP twin (all {g.count} "
+                    "blocks: choose the +FSDP strategy itself with only=)"
+                )
+            if k and not g.twins:
+                raise PlanError(
+                    f"fsdp_blocks[{name!r}] = {k}, but none of {name}'s options has an FSDP twin here (the preset, "
+                    "only= or the mesh left none)"
+                )
 
     def _keep_the_seed_plan(self, groups: list[Group], tables: dict, excluded: dict) -> None:
         """The tt-xla preset: the seed's shape is the solver's hint (`hint`); keep exactly that option
@@ -795,18 +825,34 @@ class DitFamily:
         for e in ends.events:
             events[(e.kind, e.axes, e.bytes, e.where)] += 1
         forced_block: dict[str, Layout] = {}
+        ranged: list[tuple[str, Layout, str, range]] = []  # pins of some blocks only (FSDP per block range)
         for m in self.macros:
             s = chosen[m.name]
-            ev = evals[m.name, s.name]
+            twin, span = solution.twins.get(m.name, (None, (0, 0)))
             k = self.reps(m)
-            compute += ev.compute_seconds * k
-            guards += list(ev.guards) + list(s.guards)
-            warnings += ev.warnings
-            for e in ev.events:
-                events[(e.kind, e.axes, e.bytes, self.g.generic(e.where))] += k
-            forced_block.update(s.forced)
+            on_twin = span[1] - span[0]
+            for run, times in ((s, k - on_twin), (twin, on_twin)):
+                if not times:
+                    continue
+                ev = evals[m.name, run.name]
+                compute += ev.compute_seconds * times
+                guards += list(ev.guards) + list(run.guards)
+                warnings += ev.warnings
+                for e in ev.events:
+                    events[(e.kind, e.axes, e.bytes, self.g.generic(e.where))] += times
             # a packed weight (planner.packing) is pinned where the packing ends: the fold program's output
-            forced_block.update({x.node: s.params[x.node] for x in m.packed})
+            mine = {**s.forced, **{x.node: s.params[x.node] for x in m.packed}}
+            if twin is not None:
+                theirs = {**twin.forced, **{x.node: twin.params[x.node] for x in m.packed}}
+                differ = [x for x in dict.fromkeys([*mine, *theirs]) if mine.get(x) != theirs.get(x)]
+                rest = [b for b in range(k) if not span[0] <= b < span[1]]
+                for x in differ:
+                    if x in mine:  # the other blocks keep this macro's own pin
+                        ranged += [(x, mine[x], _reason(self.g, self.g[x]), r) for r in _runs(rest)]
+                    if x in theirs:
+                        ranged.append((x, theirs[x], _reason(self.g, self.g[x]), range(*span)))
+                mine = {x: lay for x, lay in mine.items() if x not in differ}
+            forced_block.update(mine)
         # (node, layout, reason) in order; a node may be pinned twice (then changed in place)
         pins = [(x, lay, _reason(self.g, self.g[x])) for x, lay in forced_block.items()]
         copies: list[tuple[str, int, Layout]] = []  # (reader, input index, layout of its copy)
@@ -837,7 +883,7 @@ class DitFamily:
         collectives = pricing.collectives(events, self.mesh)
         comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
         comm -= self._ring_hidden_seconds(chosen)  # a ring's transfers under its attention compute cost nothing
-        params = self._params(chosen)
+        params = self._params(chosen, solution.twins)
         stack = self.st.block_macros + self.st.family_macros
         split_stream = any(chosen[m.name].stream != (chosen[m.name].sigma, ()) for m in stack)
         tokens_split = any(chosen[m.name].stream[0] for m in stack)
@@ -847,16 +893,17 @@ class DitFamily:
                 for x, lay in self._modulation(chosen, evals)
                 if x not in forced_block and (split_stream or self._per_token(self.g[x]))
             ]
-        acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split)
+        acts = self._activations(pins, sigma0, copies, tokens_split=tokens_split, ranged=ranged)
         acts = acts[:1] + self._family_entries(chosen) + acts[1:]
         memory = _weight_bytes(self.g, self.st, params, self.mesh, self.vals, self.n, self.copies)
         memory += sum(
             padded_copy_bytes(self.g, m, chosen[m.name], self.mesh, self.vals) * self.n * self.copies
             for m in self.st.block_macros
         )
-        act_peak = max(
-            ev.peak_bytes for (name, sname), ev in evals.items() if chosen.get(name) and chosen[name].name == sname
-        )
+        running = {(name, s.name) for name, s in chosen.items()} | {
+            (name, t.name) for name, (t, _) in solution.twins.items()
+        }
+        act_peak = max(ev.peak_bytes for key, ev in evals.items() if key in running)
         memory += pricing.ACTIVATION_FACTOR * act_peak
         nsp = shard_count(self.mesh, sigma0[0])
         if self.hw.tile > 1 and nsp > 1:
@@ -865,7 +912,8 @@ class DitFamily:
             )
         rings = [f"{m} {s.name}" for m, s in chosen.items() if s.ring]
         notes = [
-            f"planned from {self.st.captured_blocks} captured block(s); block decisions shared by all {self.n} blocks and expanded by name",
+            f"planned from {self.st.captured_blocks} captured block(s); block decisions shared by all {self.n} blocks and expanded by name"
+            + (" (but for the FSDP block ranges)" if solution.twins else ""),
             "predicted time = compute + comm, no overlap assumed"
             + (" but ring attention's" if rings else "")
             + f"; {self.copies} weight set(s) resident",
@@ -876,9 +924,16 @@ class DitFamily:
                 "attention compute): " + ", ".join(rings)
             )
         notes += [f"warning: {w}" for w in dict.fromkeys(warnings)]
-        if any(s.fsdp for s in chosen.values()):
+        if any(s.fsdp for s in chosen.values()) or solution.twins:
             notes.append(
-                "memory forces weight sharding: " + ", ".join(f"{m} {s.name}" for m, s in chosen.items() if s.fsdp)
+                "memory forces weight sharding: "
+                + ", ".join(
+                    [f"{m} {s.name}" for m, s in chosen.items() if s.fsdp]
+                    + [
+                        f"{m} {t.name} on " + (f"block {a}" if b - a == 1 else f"blocks {a}..{b - 1}")
+                        for m, (t, (a, b)) in solution.twins.items()
+                    ]
+                )
             )
         plan = Plan(
             model=self.model,
@@ -1109,28 +1164,45 @@ class DitFamily:
                 todo.extend(x.inputs)
         return False
 
-    def _params(self, chosen) -> dict:
+    def _params(self, chosen, twins: Mapping = {}) -> dict:
+        """Every parameter's spec by name, for all n blocks; the blocks of an FSDP block range (`twins`:
+        macro -> (twin strategy, (first, stop))) get the twin's."""
         spec0: dict[str, tuple] = {}
+        ranged: dict[str, tuple[tuple, tuple[int, int]]] = {}  # block-0 name -> (twin's spec, its blocks)
         for m in self.macros:
             for p, lay in chosen[m.name].params.items():
                 if self.g[p].is_param:  # not a packed weight: that one is an activation constraint
                     spec0[self.g[p].param] = lay.to_spec()
+            if m.name in twins:
+                twin, span = twins[m.name]
+                for p, lay in twin.params.items():
+                    if self.g[p].is_param:
+                        ranged[self.g[p].param] = (lay.to_spec(), span)
+
+        def spec(key: str, block: Optional[int], default: tuple) -> tuple:
+            if key in ranged and block is not None and ranged[key][1][0] <= block < ranged[key][1][1]:
+                return ranged[key][0]
+            return spec0.get(key, default)
+
         out = {}
         for node in self.g.params():
             name = node.param
+            whole = (None,) * len(node.out.shape)
             if self.st.in_main(self.g, node):
-                spec = spec0.get(self.g.in_block(node, name, 0), spec0.get(name, (None,) * len(node.out.shape)))
+                key = self.g.in_block(node, name, 0)
+                out[name] = spec(key, node.block, spec0.get(name, whole))
             else:  # the prologue's, the epilogue's, and a further family's (each block its own)
-                spec = spec0.get(name, (None,) * len(node.out.shape))
-            out[name] = spec
+                key = name
+                out[name] = spec0.get(name, whole)
             if self.st.in_rep(self.g, node):  # the captured blocks stand for all n
                 for k in range(self.n):
-                    out.setdefault(self.g.in_block(node, name, k), spec)
+                    out.setdefault(self.g.in_block(node, name, k), spec(key, k, out[name]))
         return out
 
-    def _activations(self, pins, sigma0, copies, *, tokens_split: bool) -> tuple[ActivationConstraint, ...]:
+    def _activations(self, pins, sigma0, copies, *, tokens_split: bool, ranged=()) -> tuple[ActivationConstraint, ...]:
         """Constraints: `pins` (node, layout, reason) in place after the op, `copies` (reader, input index,
-        layout) on a reader's input; block nodes are written for every block; the prologue values the
+        layout) on a reader's input; block nodes are written for every block, `ranged` pins (node,
+        layout, reason, blocks) for those blocks only (FSDP per block range); the prologue values the
         blocks read, in their planned layout. `tokens_split`: some block macro splits the stream's tokens."""
         entry = self.g[self.st.entry]
         acts = [
@@ -1151,12 +1223,12 @@ class DitFamily:
                 0, ActivationConstraint(src.location, whole, src.out.shape, reason="tokens whole before SP padding")
             )
 
-        def per_block(node) -> list:
+        def per_block(node, blocks=None) -> list:
             if not self.st.in_rep(self.g, node):
                 return [node.location]
-            return [self.g.block_location(node, k) for k in range(self.n)]
+            return [self.g.block_location(node, k) for k in (range(self.n) if blocks is None else blocks)]
 
-        for name, lay, why in pins:
+        for name, lay, why, *blocks in [*pins, *ranged]:
             node = self.g[name]
             k = self.g.picks(node)
             # output k of a tuple-valued op (an adaLN chunk piece) is constrained at that op: a getitem
@@ -1164,7 +1236,7 @@ class DitFamily:
             at, output = (self.g[node.inputs[0]], k) if k is not None else (node, 0)
             acts += [
                 ActivationConstraint(loc, lay.to_spec(), node.out.shape, output=output, reason=why)
-                for loc in per_block(at)
+                for loc in per_block(at, *blocks)
             ]
         for name, i, lay in copies:
             node, value = self.g[name], self.g[self.g[name].inputs[i]]
@@ -1295,18 +1367,43 @@ class _RingOption:
     why_not: str
 
 
+def _twins(opts: list[Strategy]) -> tuple[tuple[int, int], ...]:
+    """(option, its FSDP twin) index pairs: the twin is the same strategy (splits, stream, padding)
+    with its weights also split over its SP axes (`planner.ilp`'s T_g)."""
+
+    def same(s: Strategy) -> tuple:
+        return (s.sigma, s.tp, s.ulysses, s.ring, s.stream, s.pad_heads)
+
+    fsdp = {same(t): j for j, t in enumerate(opts) if t.fsdp}
+    return tuple((i, fsdp[same(s)]) for i, s in enumerate(opts) if not s.fsdp and same(s) in fsdp)
+
+
 def _weight_bytes(graph: Graph, st, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
     """Per-device parameter bytes of the whole model under the partition specs `specs` (by parameter
-    name): the captured graph's parameters, the main stack's representative block's counted for
-    every one of `num_blocks` blocks (its other captured blocks not again)."""
+    name): the captured graph's parameters outside the main stack, and the main stack's
+    representative block's under each of the `num_blocks` blocks' own specs (an FSDP block range
+    differs; a name the specs lack reads the representative's)."""
 
-    def size(p) -> float:
-        spec = specs.get(p.param)
+    def size(p, name: str) -> float:
+        spec = specs.get(name, specs.get(p.param))
         return pricing.local_bytes(p.out, Layout.from_spec(spec) if spec is not None else None, mesh, values)
 
-    whole = sum(size(p) for p in graph.params() if st.in_rep(graph, p) or not st.in_main(graph, p))
-    block0 = sum(size(p) for p in graph.params() if st.in_rep(graph, p))
-    return (whole + block0 * (num_blocks - 1)) * copies
+    outside = sum(size(p, p.param) for p in graph.params() if not st.in_main(graph, p))
+    blocks = sum(
+        size(p, graph.in_block(p, p.param, k)) for p in graph.params() if st.in_rep(graph, p) for k in range(num_blocks)
+    )
+    return (outside + blocks) * copies
+
+
+def _runs(blocks: list[int]) -> list[range]:
+    """Consecutive runs of sorted block indices as ranges."""
+    out: list[range] = []
+    for b in blocks:
+        if out and out[-1].stop == b:
+            out[-1] = range(out[-1].start, b + 1)
+        else:
+            out.append(range(b, b + 1))
+    return out
 
 
 _MADE = "stream value pinned where it is made, in its macro's layout (another macro reads it in another)"

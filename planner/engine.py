@@ -17,7 +17,18 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol
 
 from planner.explain import explain_choices
-from planner.ilp import KIB, Edge, Group, Infeasible, SolveResult, TimedOut, budget_gb, min_memory_kib, solve
+from planner.ilp import (
+    KIB,
+    Edge,
+    Group,
+    Infeasible,
+    SolveResult,
+    TimedOut,
+    budget_gb,
+    min_memory_kib,
+    solve,
+    twin_range,
+)
 from planner.mesh import MeshSpec
 from planner.plan import (
     Decision,
@@ -57,6 +68,8 @@ class Solution:
     result: SolveResult
     memory_kib: int
     chosen: Mapping[str, Any]  # group -> the chosen strategy
+    # group -> (the chosen strategy's FSDP twin, the blocks [first, stop) that run it): FSDP per block range
+    twins: Mapping[str, tuple[Any, tuple[int, int]]] = field(default_factory=dict)
 
 
 class Family(Protocol):
@@ -113,7 +126,12 @@ def solve_problem(family: Family, problem: Problem, budget_bytes: float, time_li
             meshes=meshes,
         ) from None
     chosen = {g.name: problem.tables[g.name][res.choice[g.name]] for g in problem.groups}
-    return Solution(res, memory_kib, chosen)
+    twins = {
+        g.name: (problem.tables[g.name][g.twin(res.choice[g.name])], twin_range(g.count, k))
+        for g in problem.groups
+        if (k := res.blocks_on_twin(g.name))
+    }
+    return Solution(res, memory_kib, chosen, twins)
 
 
 def check_options(family: Family, problem: Problem) -> None:

@@ -366,6 +366,11 @@ class Decision:
     family: str = ""  # a further block family's prefix (``vace_blocks``); ``macro`` is then its block-generic name
     pad_heads: Optional[HeadPadding] = None  # the chosen option runs the attention on zero-padded heads
     ring: Optional[RingAttention] = None  # a self-attention with SP: ring attention priced beside the choice
+    # FSDP per block range: blocks [first, stop) run ``fsdp_strategy`` (the chosen strategy with its
+    # weights also split over its SP axes, gathered per use), the others ``strategy``; None: all
+    # blocks run ``strategy`` (which may itself be an FSDP option: ``fsdp``)
+    fsdp_blocks: Optional[tuple[int, int]] = None
+    fsdp_strategy: str = ""
 
     @property
     def scope(self) -> str:
@@ -409,6 +414,11 @@ class Decision:
             "unit": self.unit,
             "state": self.state,
             **({"family": self.family} if self.family else {}),
+            **(
+                {"fsdp_blocks": list(self.fsdp_blocks), "fsdp_strategy": self.fsdp_strategy}
+                if self.fsdp_blocks is not None
+                else {}
+            ),
         } | ({"pad_heads": self.pad_heads.to_json()} if self.pad_heads is not None else {})
         return out | ({"ring": self.ring.to_json()} if self.ring is not None else {})
 
@@ -435,6 +445,8 @@ class Decision:
             family=str(d.get("family", "")),
             pad_heads=_maybe(HeadPadding.from_json, d.get("pad_heads")),
             ring=_maybe(RingAttention.from_json, d.get("ring")),
+            fsdp_blocks=_maybe(lambda r: (int(r[0]), int(r[1])), d.get("fsdp_blocks")),
+            fsdp_strategy=str(d.get("fsdp_strategy", "")),
         )
 
 

@@ -4,6 +4,7 @@ Full-size plans (A14B, TI2V-5B on Galaxy 8x4) capture 2 blocks on the meta devic
 """
 
 import json
+import re
 
 import pytest
 
@@ -98,11 +99,13 @@ def test_explain_a_decision_names_choice_cost_collectives_and_alternatives(tiny_
     lines = out.splitlines()
     assert lines[0] == f"blocks.*.ffn (x2): {ffn.strategy}"
     assert lines[1].startswith(f"  cost: the best plan with it, {ffn.cost * 1e3:.3f} ms per forward")
-    if "Megatron" in ffn.strategy:  # the row-parallel all-reduce, with its bytes and op
+    tp = re.match(r"Megatron\(([^)]*)\)", ffn.strategy)
+    if tp:  # the row-parallel sum over the TP axes, with its bytes and op
         assert any(
-            line.startswith("    all-reduce         model") and line.endswith("at blocks.*.ffn.net.2:linear#0")
+            re.match(rf"    (all-reduce|reduce-scatter) +{re.escape(tp[1].replace('x', '+'))} ", line)
+            and line.endswith("at blocks.*.ffn.net.2:linear#0")
             for line in lines
-        )
+        ), out
     delta = (ffn.rejected_cost - ffn.cost) * 1e3
     assert (
         f"  best rejected: {ffn.rejected}, the best plan with it instead {ffn.rejected_cost * 1e3:.3f} ms per forward "

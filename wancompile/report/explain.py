@@ -12,7 +12,16 @@ from __future__ import annotations
 import re
 
 from planner.plan import Decision, PlanError
-from wancompile.report.model import Report, decision_account, human_bytes, ms, ring_text, us, weights_text
+from wancompile.report.model import (
+    Report,
+    decision_account,
+    fsdp_range_text,
+    human_bytes,
+    ms,
+    ring_text,
+    us,
+    weights_text,
+)
 from wancompile.report.trace import generic
 
 
@@ -138,6 +147,8 @@ def _explain_decision(rep: Report, d: Decision) -> str:
     ]
     if d.stream:
         lines.append(f"  stream: {d.stream}" + (f" ({d.state})" if d.state else ""))
+    if d.fsdp_blocks is not None:
+        lines.append(f"  FSDP block range: {fsdp_range_text(d)}")
     rows = [r for r in rep.rows() if r["group"] == d.macro]
     colls = [(r, c) for r in rows for c in r["collectives"]]
     if colls:

@@ -13,7 +13,9 @@ from typing import Iterable, Sequence
 
 from wancompile.report.model import (
     Report,
+    blocks_text,
     decision_account,
+    fsdp_range_text,
     human_bytes,
     human_flops,
     ms,
@@ -130,7 +132,7 @@ def render_markdown(rep: Report) -> str:
             (
                 (
                     d.node,
-                    f"**{d.strategy}**",
+                    f"**{d.strategy}**" + (f" (+FSDP on {blocks_text(*d.fsdp_blocks)})" if d.fsdp_blocks else ""),
                     ms(d.cost),
                     d.rejected or "—",
                     ms(d.rejected_cost),
@@ -304,6 +306,8 @@ def _why(rep: Report, d) -> list[str]:
         + f": the best plan with it costs {ms(d.cost)} ms per {unit}"
         + (f"; {memory}" if memory else "")
     )
+    if d.fsdp_blocks is not None:
+        out.append(f"- **FSDP block range**: {fsdp_range_text(d)}")
     if d.pad_heads is not None:
         p = d.pad_heads
         out.append(

@@ -137,6 +137,24 @@ def ring_text(d: Decision) -> str:
     return head + step + ("" if r.offered else f"; not offered: {r.why_not}")
 
 
+def blocks_text(first: int, stop: int) -> str:
+    """Blocks [first, stop) in words: ``blocks 37..39``, ``block 1``."""
+    return f"block {first}" if stop - first == 1 else f"blocks {first}..{stop - 1}"
+
+
+def fsdp_range_text(d: Decision) -> str:
+    """FSDP per block range in words: ``blocks 37..39 run `X+FSDP` (weights also split over the SP
+    axes, gathered per use), blocks 0..36 `X```; "" for a decision all of whose blocks run one option."""
+    if d.fsdp_blocks is None:
+        return ""
+    first, stop = d.fsdp_blocks
+    rest = [blocks_text(a, b) for a, b in ((0, first), (stop, d.count)) if b > a]
+    return (
+        f"{blocks_text(first, stop)} {'runs' if stop - first == 1 else 'run'} `{d.fsdp_strategy}` (weights also split over the SP axes, gathered per "
+        f"use: only as many blocks as memory needs), {' and '.join(rest)} `{d.strategy}`"
+    )
+
+
 def weights_text(d: Decision) -> str:
     """``0.71 GB weights/device (weights sharded for memory)``; "" for a decision without weights data."""
     if not d.options or d.unit == "step":
