@@ -95,7 +95,7 @@ def _states(plan):
 def test_on_galaxy_the_stream_stays_hidden_split_and_pays_for_itself(a14b_720p, hw):
     """A14B 720p, both experts resident: the solver keeps the stream split on D over the TP axis
     (STATE B) through every block; forbidden that (STATE A, the seed's layout), it is >= 15% slower
-    under the same rules, for the same bytes on the wire (AG + RS = AR)."""
+    under the same rules, for about the same bytes on the wire (AG + RS = AR)."""
     mesh = parse_mesh("8x4")
     b = plan_graph(a14b_720p, mesh, hw, num_blocks=40, weight_copies=2)
     a = plan_graph(a14b_720p, mesh, hw, num_blocks=40, weight_copies=2, stream_layouts=False)
@@ -103,7 +103,10 @@ def test_on_galaxy_the_stream_stays_hidden_split_and_pays_for_itself(a14b_720p, 
     assert set(_states(a).values()) == {"STATE A"}, a.decisions
     assert all(d.stream == "(S(1), S(2))" for d in b.decisions if d.in_block)  # tokens on batch, D on model
     assert b.predicted.step_seconds * 1.15 <= a.predicted.step_seconds, (b.predicted, a.predicted)
-    assert b.predicted.comm_seconds == pytest.approx(a.predicted.comm_seconds, rel=0.05)
+    # the wins are the glue's, not the wire's: STATE B moves about the bytes STATE A does (AG + RS = AR;
+    # on bh-galaxy STATE A runs cross-attention without TP to save its all-reduce, so it moves less)
+    assert b.predicted.comm_seconds <= 1.25 * a.predicted.comm_seconds
+    assert b.predicted.compute_seconds * 1.5 <= a.predicted.compute_seconds
     # both fill the budget with as many FSDP blocks as each needs (FSDP per block range): neither exceeds it
     assert max(a.predicted.memory_bytes_per_device, b.predicted.memory_bytes_per_device) <= float(
         get_profile(hw).dram_bytes
