@@ -1421,20 +1421,10 @@ def _reason(graph: Graph, node) -> str:
     return "stream layout change between macros"
 
 
-def price_plan(
-    graph: Graph,
-    plan: Plan,
-    hardware: str | HardwareProfile,
-    *,
-    num_blocks: Optional[int] = None,
-    weight_copies: int = 1,
-    values: Optional[Mapping[str, int]] = None,
-) -> Predicted:
-    """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP."""
-    fwd = evaluate_forward(graph, plan, hardware, num_blocks=num_blocks, weight_copies=weight_copies, values=values)
-    compute = sum(ev.compute_seconds * times for ev, times in fwd.parts)
-    comm = sum(e.seconds * times for e, times in fwd.events)
-    return Predicted(compute + comm, compute, comm, int(fwd.memory_bytes))
+def price_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile, **how) -> Predicted:
+    """Price any plan (a hand plan, a loaded plan.json) under the same cost model as the ILP; `how`:
+    ``num_blocks``, ``weight_copies``, ``values`` as `evaluate_forward`'s."""
+    return evaluate_forward(graph, plan, hardware, **how).predicted
 
 
 @dataclass(frozen=True)
@@ -1446,6 +1436,12 @@ class Forward:
     parts: tuple[tuple[Evaluation, int], ...]  # (prologue | one block | epilogue, times per forward)
     events: tuple[tuple[Collective, int], ...]  # every collective call, with its calls per forward
     memory_bytes: float
+
+    @property
+    def predicted(self) -> Predicted:
+        compute = sum(ev.compute_seconds * times for ev, times in self.parts)
+        comm = sum(e.seconds * times for e, times in self.events)
+        return Predicted(compute + comm, compute, comm, int(self.memory_bytes))
 
 
 def evaluate_forward(
