@@ -443,6 +443,10 @@ def read_bill(path: str):
     return Bill(coll, dots, convs, glue_bytes(text)), observed
 
 
+# The score's compute efficiency, fixed (the calibrated profile's is the cost model's, not the score's)
+SCORE_EFFICIENCY = 0.7
+
+
 def collective_seconds_fixed(kind: str, axes: tuple[str, ...], count: float, nbytes: float, hw, mesh) -> float:
     """The fixed score of `count` calls of one (kind, axes) moving `nbytes` in total (full size)."""
     n = math.prod(mesh.axis_size(a) for a in axes)
@@ -478,7 +482,7 @@ def score(bill: Bill) -> Score:
         for k, (count, nbytes) in sorted(bill.collectives.items())
     }
     comm = sum(s for _, _, s in by_kind.values())
-    rate = float(hw.peak_flops) * float(hw.efficiency)
+    rate = float(hw.peak_flops) * SCORE_EFFICIENCY
     glue = bill.glue_bytes * BYTES_SCALE
     return Score(
         flops / rate + comm, comm, flops, bill.conv_flops * FLOPS_SCALE, by_kind, glue, glue / float(hw.dram_bw)
