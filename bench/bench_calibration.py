@@ -132,8 +132,39 @@ def write(out: dict, lines: list[str]) -> None:
         "PYTHONPATH=. python bench/bench_calibration.py --write",
         "Rows, readings and the model: `planner/calibration.py`; the fitted factors are in "
         "`planner/calibration.json`, which the Tenstorrent profiles read.",
-        lines,
+        lines + [""] + _reading(out),
     )
+
+
+def _reading(out: dict) -> list[str]:
+    """How to read the table: what each column means and what the fit can and cannot tell."""
+    f = out["factors"]
+    metal, xla = f["tt-metal"], f["tt-xla"]
+    return [
+        "## How to read it",
+        "",
+        "- *predicted*: the row under the factors fitted on all fitted rows; *LOO*: under the factors fitted without "
+        "it. A row's configuration is a plan of the planner's own (`scheme_plan`: tt-metal's SP x TP axes, STATE B, "
+        "FSDP; tt-xla's hand specs), priced by the op rules: DiT forwards x the forwards the figure covers (40 steps "
+        "x 2, CFG as two sequential forwards), the UMT5 encoder and the VAE decode where the figure includes them.",
+        "- tt-metal's fused kernels are priced as overlap: ring SDPA (a K/V chunk's transfer under each step's "
+        "attention), all-gather + matmul and matmul + reduce-scatter (the transfer under the matmul, which pays 10 %, "
+        "tt-metal PR #36711). tt-xla overlaps nothing and runs every op as its own kernel with a DRAM round trip.",
+        f"- Shared by both stacks: compute efficiency {metal['compute_efficiency']:.2f} of the bf16 peak and the "
+        f"per-op overhead. Per stack: the link efficiency, {metal['link_efficiency']:.2f} of the CCL "
+        f"microbenchmarks' bandwidth for tt-metal (tt-metal #35952 saw ~50 % on Wan shapes), "
+        f"{xla['link_efficiency']:.2f} for tt-xla: the collectives tt-mlir emits move data "
+        f"{metal['link_efficiency'] / xla['link_efficiency']:.0f}x slower than tt-metal's. That is the largest single thing the published rows say about the path the planner emits "
+        "for; a per-kind or per-size efficiency is not identifiable from these rows.",
+        "- The per-op overhead is not identifiable either (left out, BH Galaxy 480p moves it from 0 to 0.3 ms): it is "
+        "fitted inside the dispatch cost tt-metal measured per TTNN op (#12074: 3k-9k cycles, 2.2-9 µs).",
+        "- Rows that resist: the SP-padding row (not fitted): the seed measured 3.3 s for 81 `ttnn.slice_static`, "
+        "70x their DRAM round trip; WH LoudBox's video (-24 % held out): its experts are loaded dynamically, host "
+        "transfers the model does not see.",
+        "- What a device profile would settle: per-op TTNN kernel times of one tt-xla forward (is the glue one "
+        "DRAM round trip per op, at what efficiency; what does `slice_static` cost), and the achieved bandwidth of "
+        "each collective tt-mlir emits, by size: the two numbers this fit infers from end-to-end times.",
+    ]
 
 
 def main() -> int:
