@@ -186,3 +186,16 @@ def test_bench_calibration_holds_every_fitted_row_out_within_a_quarter():
             assert abs(r["loo_error"]) <= 0.25, r
         else:
             assert r["unseen"], r
+
+
+@pytest.mark.parametrize("mesh, system", [("2x4", "wh-loudbox"), ("8x4", "bh-galaxy")])
+def test_under_the_calibrated_factors_auto_is_never_slower_than_the_hand_plan_where_it_fits(a14b, mesh, system):
+    """bench_planner's acceptance on two of its rows (one expert resident; the hand plan fits): the auto plan
+    is priced by the same calibrated model and is at least as fast."""
+    from planner import plan_graph
+
+    hw = get_profile(system)
+    hand = price_plan(a14b, tt_xla_plan(a14b, parse_mesh(mesh)), hw, num_blocks=40, weight_copies=1)
+    assert hand.memory_bytes_per_device <= float(hw.dram_bytes)
+    auto = plan_graph(a14b, parse_mesh(mesh), hw, num_blocks=40, weight_copies=1).predicted
+    assert auto.step_seconds <= hand.step_seconds

@@ -237,6 +237,18 @@ def test_vae_channel_megatron_and_the_cfg_pair_compile_as_predicted(tmp_path):
 
 
 @needs_tt
+def test_the_unsplit_cfg_pair_keeps_its_batch_as_a_dot_dim_through_tt_mlir():
+    """A batch-2 forward without the CFG split: linear and SDPA written as einsums with the batch a free
+    dim (`wancompile.legalize`), so SP survives the batch; tt-mlir compiles it to the predicted collectives."""
+    report = _tt_check(
+        "--mesh", "2x4", "--batch", "2", "--cfg-parallel", "off", "--memory-gb", "0.0004", "--system", "bh-2x4"
+    )  # fmt: skip
+    assert report["ok"] and report["pcc"] >= 0.99999, report["programs"]
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit.cfg2")
+    assert main["as_predicted"] and main["collectives"], main
+
+
+@needs_tt
 @pytest.mark.slow
 def test_tt_xla_plan_on_a_32_chip_blackhole_galaxy_is_as_predicted():
     report = _tt_check("--mesh", "8x4", "--plan", "tt-xla", "--system", "bh-galaxy", devices=32)
