@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import subprocess
+import sys
 from pathlib import Path
+from typing import Callable
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -18,3 +22,32 @@ def write_doc(name: str, title: str, command: str, context: str, body: list[str]
     path = ROOT / "docs" / name
     path.write_text(f"# {title}\n\nWritten by `{command}` on {commit()}. {context}\n\n" + "\n".join(body) + "\n")
     return path
+
+
+class _Tee(io.TextIOBase):
+    def __init__(self, out) -> None:
+        self.out, self.buf = out, io.StringIO()
+
+    def write(self, s: str) -> int:
+        self.out.write(s)
+        self.buf.write(s)
+        return len(s)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+
+def main_writing(main: Callable[[], object], name: str, title: str, context: str = "") -> None:
+    """Run a bench's `main`; with ``--write`` among the arguments, also write what it printed (its
+    markdown tables) to docs/`name`, headed by the command and the commit."""
+    write = "--write" in sys.argv[1:]
+    if write:
+        sys.argv.remove("--write")
+    tee = _Tee(sys.stdout)
+    with contextlib.redirect_stdout(tee) if write else contextlib.nullcontext():
+        main()
+    if write:
+        args = " ".join(["PYTHONPATH=. python", f"bench/{Path(sys.argv[0]).name}", *sys.argv[1:], "--write"])
+        write_doc(
+            name, title, args, context or "Columns and method: the script's docstring.", [tee.buf.getvalue().rstrip()]
+        )

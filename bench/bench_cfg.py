@@ -98,4 +98,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-cfg.md", "CFG parallel, costed: A14B per denoising step")

@@ -110,4 +110,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-pipeline.md", "WanPipeline end to end on virtual CPU devices")

@@ -165,4 +165,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-rewrites.md", "Rewrites on full-size A14B: what each changes in the plan")

@@ -90,4 +90,6 @@ def _execute_ns(met) -> float:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-rewrites-xla.md", "Rewrites measured through XLA on virtual CPU devices")

@@ -625,4 +625,8 @@ def _checks(checks: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(
+        main, "bench-score.md", "Independent score: the partitioned HLO of the ÷16 A14B, scored as a Wormhole Galaxy"
+    )

@@ -177,4 +177,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-tt.md", "Plans through tt-mlir: predicted vs the TTNN IR")

@@ -134,4 +134,6 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-vae.md", "VAE decode on virtual CPU devices")

@@ -145,4 +145,6 @@ def _split(plan) -> tuple[int, int]:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-vae-plan.md", "Full-size VAE decode plans under one cost model")
