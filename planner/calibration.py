@@ -96,7 +96,7 @@ class Scheme:
     sp: Optional[int]  # mesh axis index of sequence parallelism (None: no SP)
     tp: int  # mesh axis index of tensor parallelism
     fsdp: bool = False  # weights also split over the SP axis, gathered per use
-    hand: str = ""  # "tt-xla": the seed's hand plan (`planner.hand_plans.tt_xla_plan`)
+    hand: str = ""  # "tt-xla": the seed's hand plan, the tt-xla preset (`planner.hand_plans.tt_xla_plan`)
     kv_slices: int = 0  # static slices per forward the source added (tt-xla's SP padding: K/V slice-backs)
 
 
@@ -475,7 +475,7 @@ def scheme_plan(graph: Graph, row: Row, hw: HardwareProfile):
 
     mesh = parse_mesh(row.mesh)
     if row.scheme.hand == "tt-xla":
-        return tt_xla_plan(graph, mesh)
+        return tt_xla_plan(graph, mesh, hw, num_blocks=NUM_BLOCKS)  # the tt-xla preset, whatever its memory
     # the source ran it: price its time whatever its memory (the planner's budget is not the question)
     return plan_graph(graph, mesh, hw, num_blocks=NUM_BLOCKS, memory_gb=1e6, only=scheme_only(row.scheme, mesh))
 

@@ -11,6 +11,7 @@ lists their options; this module prices them the same way for both:
   constraint (d) of `planner.ilp`);
 - `option`: the ILP's `Option` of an evaluated option (integer nanoseconds; KiB rounded *up*, so
   constraint (d) never undercounts the plan's own memory prediction);
+- `weight_bytes`: per-device parameter bytes of a whole DiT under a plan's parameter specs;
 - `reshard_seconds`: the price of a stream value moving between two layouts (an ILP edge);
 - `collectives`: the plan's collective list from counted events (one `Collective` per kind, axes,
   bytes and place; axes in mesh order, as the HLO's replica groups name them).
@@ -119,3 +120,20 @@ def collectives(events: Counter, mesh: MeshSpec) -> tuple[Collective, ...]:
         Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
         for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
     )
+
+
+def weight_bytes(graph: Graph, st, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
+    """Per-device parameter bytes of the whole model under the partition specs `specs` (by parameter
+    name): the captured graph's parameters outside the main stack, and the main stack's
+    representative block's under each of the `num_blocks` blocks' own specs (an FSDP block range
+    differs; a name the specs lack reads the representative's)."""
+
+    def size(p, name: str) -> float:
+        spec = specs.get(name, specs.get(p.param))
+        return local_bytes(p.out, Layout.from_spec(spec) if spec is not None else None, mesh, values)
+
+    outside = sum(size(p, p.param) for p in graph.params() if not st.in_main(graph, p))
+    blocks = sum(
+        size(p, graph.in_block(p, p.param, k)) for p in graph.params() if st.in_rep(graph, p) for k in range(num_blocks)
+    )
+    return (outside + blocks) * copies

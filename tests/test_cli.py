@@ -124,13 +124,13 @@ def test_explain_a_parameter_and_an_op(tiny_dirs, capsys):
         "  shape: (64, 64) bfloat16; per device (64, 16)",
     ]
     assert "all-reduce on model 3.0 KiB" in out
-    assert main(["explain", d, "blocks.0.attn1:scaled_dot_product_attention#0"]) == 0
-    out = capsys.readouterr().out
-    assert "-> 1 × 4 × 48 × 16 (S(2), S(1))" in out and out.count("all-gather on batch 1.5 KiB") == 2
+    for kv in ("permute#1", "permute#2"):  # K and V, gathered on the tokens where the plan pins them
+        assert main(["explain", d, f"blocks.0.attn1:{kv}"]) == 0
+        out = capsys.readouterr().out
+        assert "-> 1 × 4 × 48 × 16 (R, S(1))" in out and out.count("all-gather on batch 1.5 KiB") == 1
     assert main(["explain", d, ":contiguous#0"]) == 0
-    assert (
-        "constraint at :contiguous#0: (S(1), R) — SP: tokens sharded at the block-stack entry"
-        in capsys.readouterr().out
+    assert "constraint at :contiguous#0: (S(1), R) — block-stack entry: tokens split over the SP axes" in (
+        capsys.readouterr().out
     )
 
 

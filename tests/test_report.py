@@ -69,24 +69,26 @@ State = global shape and layout, one placement per mesh axis (batch, model): `S(
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
 | `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn1.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.attn1.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.attn1.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
 | `blocks.*.attn1.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 28.9 |
 | `blocks.*.attn1.norm_k:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 28.9 |
-| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | all-gather on batch<br>all-gather on batch | 1.5 KiB<br>1.5 KiB | 16.3 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | -- | all-reduce on model | 3.0 KiB | 33.1 |
+| `blocks.*.attn1:permute#1` | -- | 1 x 48 x 4 x 16 (S(1), S(2)) | 1 x 4 x 48 x 16 (R, S(1)) | `(R, S(1))` | all-gather on batch | 1.5 KiB | 7.0 |
+| `blocks.*.attn1:permute#2` | -- | 1 x 48 x 4 x 16 (S(1), S(2)) | 1 x 4 x 48 x 16 (R, S(1)) | `(R, S(1))` | all-gather on batch | 1.5 KiB | 7.0 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1))<br>1 x 4 x 48 x 16 (R, S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | -- | -- | 2.2 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 33.1 |
 | `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R)<br>64 (R, R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | -- | -- | -- | 2.2 |
-| `blocks.*.attn2.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | -- | -- | -- | 2.2 |
+| `blocks.*.attn2.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.attn2.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | `(R, S(2))` | -- | -- | 2.2 |
+| `blocks.*.attn2.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | `(R, S(2))` | -- | -- | 2.2 |
 | `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 28.9 |
 | `blocks.*.attn2.norm_k:rms_norm#0` | weight (R, S(0)) | 1 x 7 x 64 (R, S(2)) | 1 x 7 x 64 (R, S(2)) | -- | all-reduce on model | 28 B | 28.8 |
 | `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1))<br>1 x 4 x 7 x 16 (R, S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | -- | -- | 2.2 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | -- | all-reduce on model | 3.0 KiB | 33.1 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 33.1 |
 | `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 96 (S(1), S(2)) | -- | -- | -- | 2.3 |
-| `blocks.*.ffn.net.2:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 96 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | -- | all-reduce on model | 3.0 KiB | 33.1 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 96 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.ffn.net.2:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 96 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 33.1 |
 
 Block total: 373.5 us (compute 160.2 us + comm 213.3 us) x 2 blocks = 0.747 ms per forward.
 
@@ -94,15 +96,15 @@ Block total: 373.5 us (compute 160.2 us + comm 213.3 us) x 2 blocks = 0.747 ms p
 
 | collective | axes | bytes per call | per block | size | where |
 |---|---|---|---|---|---|
-| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn1.to_out.0 (row-parallel) |
-| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn2.to_out.0 (row-parallel) |
-| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.ffn.net.2 (row-parallel) |
-| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_q (mean-square stats) |
-| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_k (mean-square stats) |
-| all-reduce | model | 96 B | 1 | small | blocks.*.attn2.norm_q (mean-square stats) |
-| all-reduce | model | 28 B | 1 | small | blocks.*.attn2.norm_k (mean-square stats) |
-| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 key on tokens |
-| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1 value on tokens |""",
+| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
+| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1:permute#1 |
+| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1:permute#2 |
+| all-reduce | model | 28 B | 1 | small | blocks.*.attn2.norm_k:rms_norm#0 |
+| all-reduce | model | 96 B | 1 | small | blocks.*.attn2.norm_q:rms_norm#0 |
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn2.to_out.0:linear#0 |
+| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |""",
     )
 
 

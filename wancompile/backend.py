@@ -307,9 +307,9 @@ def _plan_for(
     padder: Optional[HeadPadder] = None,
 ) -> Plan:
     if opts.plan == "tt-xla":
-        from planner.hand_plans import tt_xla_plan
+        from planner.hand_plans import tt_xla_plan  # the tt-xla preset through the engine
 
-        return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or default_hardware(mesh))
+        return tt_xla_plan(graph, mesh, opts.hardware or default_hardware(mesh), values=values)
     if opts.plan is not None:
         plan = load_plan(opts.plan)
         if plan.user_mesh.shape != mesh.shape:

@@ -134,7 +134,8 @@ def _parser() -> argparse.ArgumentParser:
         choices=["auto", "tt-xla"],
         default="auto",
         help="auto: the solver decides (default); tt-xla: the seed's hand plan through the same engine "
-        "(head-TP / Megatron on the last mesh axis, SP on the others, STATE A), its decisions and bill the rules'",
+        "(head-TP / Megatron on the last mesh axis, SP on the others, STATE A), its decisions and bill the rules', "
+        "within --memory-gb only when that is given; `--hand tt-xla` is the same",
     )
     plan.add_argument(
         "--target",
@@ -147,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
         "--hand",
         choices=["tt-xla"],
         default=None,
-        help="write the tt-xla hand plan (seed 000) instead of solving, priced by the same cost model",
+        help="an alias of --preset tt-xla (the seed's hand plan, seed 000, through the same engine)",
     )
 
     ex = sub.add_parser("explain", parents=[common], help="explain one decision, parameter, module or op of a plan")
@@ -292,16 +293,20 @@ def plan_command(args: argparse.Namespace) -> int:
     padder = HeadPadder(gm, graph)  # padded-head options where a split does not divide the heads
 
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
-    with progress.step("planning" + (" (tt-xla hand plan)" if args.hand else f" on {mesh} for {args.hardware}")):
-        if args.hand:
-            from planner.autoplan import price_plan
+    hand = args.hand or (args.preset if args.preset != "auto" else None)  # --hand X: an alias of --preset X
+    with progress.step("planning" + (" (tt-xla hand plan)" if hand else f" on {mesh} for {args.hardware}")):
+        if hand == "tt-xla":
             from planner.hand_plans import tt_xla_plan
 
-            plan = tt_xla_plan(graph, mesh, model=args.model)
-            plan = _expand_blocks(plan, num_layers)
-            plan = plan.with_(
-                hardware=args.hardware,
-                predicted=price_plan(graph, plan, args.hardware, num_blocks=num_layers, weight_copies=experts),
+            plan = tt_xla_plan(
+                graph,
+                mesh,
+                args.hardware,
+                model=args.model,
+                memory_gb=args.memory_gb,
+                num_blocks=num_layers,
+                weight_copies=experts,
+                time_limit_s=args.time_limit,
             )
         else:
             plan = plan_dit(
@@ -365,30 +370,6 @@ def plan_command(args: argparse.Namespace) -> int:
     for kind in ("json", "md", "html"):
         print(f"wrote {paths[kind]}")
     return 0
-
-
-def _expand_blocks(plan, num_layers: int):
-    """A hand plan made on a short capture, with its block parameters and constraints written for
-    every block by name (as plan_graph does)."""
-    import dataclasses
-    import re
-
-    params = dict(plan.params)
-    for name, spec in plan.params.items():
-        m = re.match(r"^blocks\.0\.(.+)$", name)
-        if m:
-            for i in range(num_layers):
-                params.setdefault(f"blocks.{i}.{m.group(1)}", spec)
-    acts = list(plan.activations)
-    for a in plan.activations:
-        if a.location.module.startswith("blocks.0."):
-            for i in range(1, num_layers):
-                loc = type(a.location)(
-                    "blocks.%d." % i + a.location.module[len("blocks.0.") :], a.location.op, a.location.occurrence
-                )
-                if all((b.location, b.input, b.output) != (loc, a.input, a.output) for b in acts):
-                    acts.append(dataclasses.replace(a, location=loc))
-    return plan.with_(params=params, activations=tuple(acts))
 
 
 def _load(path: str):
