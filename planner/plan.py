@@ -53,7 +53,7 @@ SCHEMA_VERSION = 2
 
 # re-exported: the plan's collectives are `planner.collective.Collective`, its decisions `planner.decision`'s
 __all__ = ["Alternative", "Collective", "CostSplit", "Decision", "Exclusion", "HeadPadding", "Move", "OptionCost"]
-__all__ += ["RingAttention"]
+__all__ += ["MAIN_STACK", "RingAttention"]
 
 
 class PlanError(ValueError):

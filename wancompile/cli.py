@@ -369,23 +369,25 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def _expand_blocks(plan, num_layers: int):
     """A hand plan made on a short capture, with its block parameters and constraints written for
-    every block by name (as plan_graph does)."""
+    every block of the main stack by name (as plan_graph does)."""
     import dataclasses
-    import re
+
+    from planner.plan import MAIN_STACK
+
+    def block0(name: str):
+        b = plan.block_of(name)
+        return b[2] if b is not None and b[:2] == (MAIN_STACK, 0) and b[2].startswith(".") else None
 
     params = dict(plan.params)
     for name, spec in plan.params.items():
-        m = re.match(r"^blocks\.0\.(.+)$", name)
-        if m:
+        if (rest := block0(name)) is not None:
             for i in range(num_layers):
-                params.setdefault(f"blocks.{i}.{m.group(1)}", spec)
+                params.setdefault(f"{MAIN_STACK}.{i}{rest}", spec)
     acts = list(plan.activations)
     for a in plan.activations:
-        if a.location.module.startswith("blocks.0."):
+        if (rest := block0(a.location.module)) is not None:
             for i in range(1, num_layers):
-                loc = type(a.location)(
-                    "blocks.%d." % i + a.location.module[len("blocks.0.") :], a.location.op, a.location.occurrence
-                )
+                loc = dataclasses.replace(a.location, module=f"{MAIN_STACK}.{i}{rest}")
                 if all((b.location, b.input, b.output) != (loc, a.input, a.output) for b in acts):
                     acts.append(dataclasses.replace(a, location=loc))
     return plan.with_(params=params, activations=tuple(acts))
