@@ -20,6 +20,10 @@ The records below are the format: `planner.records` writes and reads them from t
 type hints, and generates ``wancompile/schema/plan.schema.json`` from them
 (``python -m wancompile.report.schema --write``); only what a type cannot say is written here (the
 partition-spec and location encodings, the version check, ``geometry.layers``).
+
+Over 400 lines because it is the format's one definition: every plan.json record with its field
+documentation, plus the checks that a plan fits a captured graph (`Plan.check`); the decision
+records are `planner.decision`'s, the JSON mapping `planner.records`'.
 """
 
 from __future__ import annotations
@@ -201,14 +205,20 @@ class ActivationConstraint(Record):
 
 @dataclass(frozen=True)
 class Predicted(Record):
+    """What the cost model predicts for one forward (per decode for the VAE, per step for CFG) and
+    the memory each device holds."""
+
     step_seconds: Annotated[float, NonNeg] = 0.0
     compute_seconds: Annotated[float, NonNeg] = 0.0
     comm_seconds: Annotated[float, NonNeg] = 0.0
-    memory_bytes_per_device: Annotated[int, NonNeg] = 0
+    memory_bytes_per_device: Annotated[int, NonNeg, Schema(description="weights and live activations")] = 0
 
 
 @dataclass(frozen=True)
 class SolverInfo(Record):
+    """How the plan was found: the solver's status (``OPTIMAL``, ``FEASIBLE``, ``hand-written``), its
+    objective, wall time, model size and optimality gap."""
+
     status: str = "none"  # OPTIMAL | FEASIBLE | hand-written | ...
     objective: float = 0.0
     seconds: Annotated[float, NonNeg] = 0.0

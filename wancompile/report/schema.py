@@ -25,12 +25,17 @@ _DESCRIPTION = (
     "(wancompile/report/trace.py)."
 )
 
+
+def _object(properties: dict, required: list | None = None, closed: bool = True) -> dict:
+    """A JSON object's schema: these properties, all of them required unless `required` says which."""
+    out = {"type": "object", "required": list(properties) if required is None else required}
+    return out | ({"additionalProperties": False} if closed else {}) | {"properties": properties}
+
+
 # The trace section's format (written by wancompile/report/trace.py, not a typed record).
 TRACE_SCHEMA = {
-    "report": {
-        "type": "object",
-        "required": ["version", "hardware", "blocks", "ops"],
-        "properties": {
+    "report": _object(
+        {
             "version": {"const": 2},
             "hardware": {"type": "string"},
             "blocks": {"type": "integer", "minimum": 0},
@@ -40,48 +45,30 @@ TRACE_SCHEMA = {
             "families": {
                 "description": "further block stacks beside the main one (VACE's control blocks); their ops are segment 'family', one block each",
                 "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": ["prefix", "blocks", "block_module"],
-                    "additionalProperties": False,
-                    "properties": {
+                "items": _object(
+                    {
                         "prefix": {"type": "string"},
                         "blocks": {"type": "integer", "minimum": 0},
                         "block_module": {"type": "string"},
-                    },
-                },
+                    }
+                ),
             },
             "params": {
                 "type": "object",
-                "additionalProperties": {
-                    "type": "object",
-                    "required": ["shape", "dtype"],
-                    "properties": {
+                "additionalProperties": _object(
+                    {
                         "shape": {"type": "array", "items": {"$ref": "#/$defs/dim"}},
                         "dtype": {"type": "string"},
                         "block": {"type": ["integer", "null"]},
                     },
-                },
+                    required=["shape", "dtype"],
+                    closed=False,
+                ),
             },
             "ops": {
                 "type": "array",
-                "items": {
-                    "type": "object",
-                    "required": [
-                        "loc",
-                        "segment",
-                        "group",
-                        "op",
-                        "kernel",
-                        "weights",
-                        "in",
-                        "out",
-                        "constraint",
-                        "collectives",
-                        "compute_s",
-                    ],
-                    "additionalProperties": False,
-                    "properties": {
+                "items": _object(
+                    {
                         "loc": {"type": "string"},
                         "segment": {"enum": ["prologue", "block", "family", "epilogue"]},
                         "family": {
@@ -94,12 +81,7 @@ TRACE_SCHEMA = {
                         "kernel": {"type": "boolean"},
                         "weights": {
                             "type": "array",
-                            "items": {
-                                "type": "object",
-                                "required": ["param", "spec"],
-                                "additionalProperties": False,
-                                "properties": {"param": {"type": "string"}, "spec": {"$ref": "#/$defs/spec"}},
-                            },
+                            "items": _object({"param": {"type": "string"}, "spec": {"$ref": "#/$defs/spec"}}),
                         },
                         "in": {"type": "array", "items": {"$ref": "#/$defs/state"}},
                         "out": {"anyOf": [{"$ref": "#/$defs/state"}, {"type": "null"}]},
@@ -109,10 +91,25 @@ TRACE_SCHEMA = {
                         "compute_s": {"type": "number", "minimum": 0},
                         "flops": {"type": "number", "minimum": 0},
                     },
-                },
+                    required=[
+                        "loc",
+                        "segment",
+                        "group",
+                        "op",
+                        "kernel",
+                        "weights",
+                        "in",
+                        "out",
+                        "constraint",
+                        "collectives",
+                        "compute_s",
+                    ],
+                ),
             },
         },
-    },
+        required=["version", "hardware", "blocks", "ops"],
+        closed=False,
+    ),
     "state": {
         "description": "a tensor's state: global shape, per-dim partition spec, axes of unreduced partial sums",
         "type": "object",
@@ -167,20 +164,18 @@ def _path(parts) -> str:
 
 
 def _message(e) -> str:
-    kind, value, inst = e.validator, e.validator_value, e.instance
-    if kind == "required":
-        return f"missing required field {next(k for k in value if k not in inst)!r}"
-    if kind == "additionalProperties":
-        return f"unexpected field {next(k for k in inst if k not in e.schema.get('properties', {}))!r}"
-    if kind == "const":
-        return f"expected {value!r}, got {inst!r}"
-    if kind == "enum":
-        return f"{inst!r} is not one of {list(value)}"
-    if kind == "anyOf":
-        return f"{inst!r} matches none of the allowed forms"
-    if kind == "pattern":
-        return f"{inst!r} does not match {value!r}"
-    return e.message
+    """One line for a jsonschema error, naming the field or value at fault."""
+    value, inst = e.validator_value, e.instance
+    props = e.schema.get("properties", {})
+    say = {
+        "required": lambda: f"missing required field {next(k for k in value if k not in inst)!r}",
+        "additionalProperties": lambda: f"unexpected field {next(k for k in inst if k not in props)!r}",
+        "const": lambda: f"expected {value!r}, got {inst!r}",
+        "enum": lambda: f"{inst!r} is not one of {list(value)}",
+        "anyOf": lambda: f"{inst!r} matches none of the allowed forms",
+        "pattern": lambda: f"{inst!r} does not match {value!r}",
+    }
+    return say[e.validator]() if e.validator in say else e.message
 
 
 def errors(value: Any, schema: dict | None = None) -> list[str]:
