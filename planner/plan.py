@@ -129,7 +129,7 @@ def _target_from_json(value: Any) -> str:
 def _targets_schema() -> dict:
     from planner.targets import TARGETS
 
-    return {"enum": [t for t in TARGETS if not t.startswith("ring-")]}
+    return {"enum": list(TARGETS)}
 
 
 _AXES = {"type": "array", "items": {"type": "string"}, "minItems": 1}
