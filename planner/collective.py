@@ -18,48 +18,26 @@ all-reduce, reduce-scatter, all-to-all and collective-permute.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Annotated, Optional
+
+from planner.records import HIDDEN, OMIT, Record, Schema
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
 
 @dataclass(frozen=True)
-class Collective:
+class Collective(Record):
     """A collective the partitioned program runs: kind, mesh axes, bytes per device per call, calls."""
 
-    kind: str  # one of KINDS
+    kind: Annotated[str, Schema(enum=list(KINDS))]
     axes: tuple[str, ...]
-    bytes: int
-    count: int = 1
+    bytes: Annotated[int, Schema(minimum=0)]
+    count: Annotated[int, Schema(minimum=0)] = 1
     where: str = ""  # the op's location (predicted), the HLO instruction's name (observed)
-    reason: str = ""  # why the rules need it ("to_k for linear", "row-parallel partial sums"); predicted only
-    seconds: Optional[float] = None  # per call under the cost model; predicted only
-    shape: str = ""  # observed only: the HLO result shape text, e.g. ``f32[1,48,64]{2,1,0}``
-    groups: tuple[tuple[int, ...], ...] = ()  # observed only: replica groups (or source-target pairs)
-
-    def to_json(self) -> dict:
-        out = {
-            "kind": self.kind,
-            "axes": list(self.axes),
-            "bytes": int(self.bytes),
-            "count": int(self.count),
-            "where": self.where,
-        }
-        if self.reason:
-            out["reason"] = self.reason
-        if self.seconds is not None:
-            out["seconds"] = float(self.seconds)
-        return out
-
-    @classmethod
-    def from_json(cls, d: Mapping) -> "Collective":
-        seconds = d.get("seconds")
-        return cls(
-            str(d["kind"]),
-            tuple(d["axes"]),
-            int(d["bytes"]),
-            int(d.get("count", 1)),
-            str(d.get("where", "")),
-            str(d.get("reason", "")),
-            None if seconds is None else float(seconds),
-        )
+    # why the rules need it ("to_k for linear", "row-parallel partial sums"); predicted only
+    reason: Annotated[str, OMIT] = ""
+    seconds: Annotated[Optional[float], OMIT, Schema(minimum=0)] = None  # per call under the cost model; predicted only
+    shape: Annotated[str, HIDDEN] = ""  # observed only: the HLO result shape text, e.g. ``f32[1,48,64]{2,1,0}``
+    groups: Annotated[
+        tuple[tuple[int, ...], ...], HIDDEN
+    ] = ()  # observed only: replica groups (or source-target pairs)

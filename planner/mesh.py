@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from planner.records import Record
+
 AxisEntry = Union[None, str, tuple[str, ...]]
 PartitionSpec = tuple[AxisEntry, ...]
 
@@ -26,7 +28,7 @@ class MeshError(ValueError):
 
 
 @dataclass(frozen=True)
-class MeshSpec:
+class MeshSpec(Record):
     """Shape and axis names of a logical device mesh (row-major device ids)."""
 
     shape: tuple[int, ...]
@@ -70,13 +72,6 @@ class MeshSpec:
 
     def __str__(self) -> str:
         return "x".join(map(str, self.shape))
-
-    def to_json(self) -> dict:
-        return {"shape": list(self.shape), "axis_names": list(self.axis_names)}
-
-    @classmethod
-    def from_json(cls, data: dict) -> "MeshSpec":
-        return cls(tuple(int(n) for n in data["shape"]), tuple(str(a) for a in data["axis_names"]))
 
 
 _MESH_RE = re.compile(r"^\s*\d+(\s*[x×,*]\s*\d+)*\s*$")

@@ -147,3 +147,71 @@ def test_decisions_are_typed_data_that_round_trip(tmp_path, graph):
     assert attn1.stream.startswith("(") and "S(1)" in attn1.stream  # the tiny plan splits the tokens
     assert Exclusion("head-TP over batchxmodel (8)", "4 heads do not divide into 8") in attn1.excluded
     assert {o.stream for o in by_macro["condition_embedder.time_embedder"].options} == {""}  # no stream outside blocks
+
+
+@pytest.mark.parametrize("name", ["plan_tiny_2x4.json", "plan_tiny_cfg_2x4.json", "plan_a14b_galaxy_dump.json.gz"])
+def test_plan_files_written_before_the_record_mapping_load_and_save_unchanged(name):
+    """tests/data holds plan.json files written by the hand-written JSON code (46cfc16): they load,
+    and saving them again writes the same bytes (keys, order, omitted fields, spec lists)."""
+    import gzip
+    from pathlib import Path
+
+    from planner.plan import Plan
+
+    path = Path(__file__).parent / "data" / name
+    text = (gzip.open(path, "rt") if name.endswith(".gz") else path.open()).read()
+    data = json.loads(text)
+    data.pop("report", None)  # the dump's per-op trace: wancompile.report's, not the plan's
+    plan = Plan.from_json(data)
+    assert json.dumps(plan.to_json(), indent=1) == json.dumps(data, indent=1)
+    assert plan.layers == data["geometry"]["layers"]
+
+
+def test_plan_names_its_block_stacks_as_data(hand_plan):
+    from planner.plan import Decision
+
+    assert hand_plan.stacks == {"blocks": 2} and hand_plan.layers == 2
+    assert hand_plan.block_of("blocks.1.attn1.to_q.weight") == ("blocks", 1, ".attn1.to_q.weight")
+    assert hand_plan.generic("blocks.1.attn1:linear#0") == "blocks.*.attn1:linear#0"
+    assert hand_plan.generic("blocks.1") == "blocks.*"
+    assert hand_plan.block_of("proj_out.weight") is None and hand_plan.generic("blocks.x.y") == "blocks.x.y"
+    vace = Decision("vace_blocks.*.attn1", "replicated", 0.0, family="vace_blocks")
+    params = {**hand_plan.params, "vace_blocks.0.attn1.to_q.weight": (None, None)}
+    plan = hand_plan.with_(params=params, decisions=(vace,))
+    assert plan.stacks == {"blocks": 2, "vace_blocks": 1}
+    assert plan.generic("vace_blocks.0.attn1.to_q.weight") == "vace_blocks.*.attn1.to_q.weight"
+
+
+def test_a_record_field_needs_no_json_code():
+    """`planner.records` reads the fields and type hints: nested records, Optional, tuples (lists in
+    JSON), omitted defaults, and the schema says the same."""
+    from dataclasses import dataclass
+    from typing import Annotated, Optional
+
+    import jsonschema
+
+    from planner.decision import Decision, HeadPadding
+    from planner.records import OMIT, Record, json_schema
+
+    @dataclass(frozen=True)
+    class Inner(Record):
+        name: str
+        sizes: tuple[int, ...] = ()
+
+    @dataclass(frozen=True)
+    class Outer(Record):
+        inner: Inner
+        pair: Optional[tuple[int, int]] = None
+        extra: Annotated[str, OMIT] = ""
+
+    value = Outer(Inner("a", (1, 2)), (3, 4))
+    assert value.to_json() == {"inner": {"name": "a", "sizes": [1, 2]}, "pair": [3, 4]}
+    assert Outer.from_json(value.to_json()) == value
+    defs = {}
+    schema = {**json_schema(Outer, defs), "$defs": defs}
+    jsonschema.validate(value.to_json(), schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"inner": {"name": "a"}, "pair": [1]}, schema)
+    d = Decision("attn1", "pad", 0.5, in_block=True, pad_heads=HeadPadding("blocks.*.attn1", 12, 16))
+    assert Decision.from_json(d.to_json()) == d and d.to_json()["node"] == "blocks.*.attn1"
+    assert "ring" not in d.to_json() and "family" not in d.to_json()

@@ -457,3 +457,11 @@ def test_backend_dump_dir_writes_the_three_dumps(spmd, tmp_path, tiny_model, tin
     md = (tmp_path / "plan.md").read_text()
     assert md.startswith("# Sharding plan: wan-dit on 2x4 (batch, model)") and "## One block, op by op" in md
     assert parse((tmp_path / "plan.html").read_text()).errors == []
+
+
+def test_the_published_schema_is_generated_from_the_plan_records():
+    """wancompile/schema/plan.schema.json is what `python -m wancompile.report.schema --write` writes
+    from planner/plan.py's records: change a record, regenerate, commit both."""
+    from wancompile.report.schema import SCHEMA_PATH, render
+
+    assert SCHEMA_PATH.read_text() == render(), "regenerate: python -m wancompile.report.schema --write"

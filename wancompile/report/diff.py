@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections import defaultdict
 
 from wancompile.report.model import Report, human_bytes
-from wancompile.report.trace import generic
 
 
 def _delta(a: float, b: float, scale: float = 1e3, unit: str = "ms") -> str:
@@ -89,7 +88,7 @@ def diff(a: Report, b: Report) -> str:
             f"time {x[2] * 1e3:.3f} -> {y[2] * 1e3:.3f} ms ({(y[2] - x[2]) * 1e3:+.3f})"
         )
     lines += ["", "parameter specs"]
-    fold_a, fold_b = _fold(pa.params), _fold(pb.params)
+    fold_a, fold_b = _fold(pa), _fold(pb)
     only_a = sorted(set(fold_a) - set(fold_b))
     only_b = sorted(set(fold_b) - set(fold_a))
     diffs = sorted(k for k in set(fold_a) & set(fold_b) if fold_a[k] != fold_b[k])
@@ -112,10 +111,10 @@ def _axes(rep: Report, axes: tuple[str, ...]) -> str:
     return f"{'×'.join(axes)} ({n}-way)"
 
 
-def _fold(params) -> dict[str, frozenset]:
+def _fold(plan) -> dict[str, frozenset]:
     out: dict[str, set] = defaultdict(set)
-    for name, spec in params.items():
-        out[generic(name)].add(tuple(spec))
+    for name, spec in plan.params.items():
+        out[plan.generic(name)].add(tuple(spec))
     return {k: frozenset(v) for k, v in out.items()}
 
 

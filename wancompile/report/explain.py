@@ -9,9 +9,7 @@ what it costs (µs per call, collectives with bytes), and the alternatives with 
 
 from __future__ import annotations
 
-import re
-
-from planner.plan import Decision, PlanError
+from planner.plan import MAIN_STACK, Decision, PlanError
 from wancompile.report.model import (
     Report,
     decision_account,
@@ -22,22 +20,18 @@ from wancompile.report.model import (
     us,
     weights_text,
 )
-from wancompile.report.trace import generic
-
-
-def _generic(s: str) -> str:
-    return generic(s.strip())
 
 
 def explain(rep: Report, what: str) -> str:
     """Text answer for `what`; raises PlanError (with near misses) when the plan has no such thing."""
-    g = _generic(what)
     plan = rep.plan
-    block = re.match(r"^blocks\.(\d+)(\.|$)", what.strip())
-    if block and rep.num_blocks and int(block.group(1)) >= rep.num_blocks:
+    g = plan.generic(what.strip())
+    block = plan.block_of(what.strip())
+    n_blocks = (rep.num_blocks if block[0] == MAIN_STACK else plan.stacks[block[0]]) if block else 0
+    if block and n_blocks and block[1] >= n_blocks:
         raise PlanError(
-            f"no such block: plan {rep.source or ''} has blocks 0..{rep.num_blocks - 1}, not {block.group(1)} "
-            f"(blocks share decisions: try blocks.0{what.strip()[block.end(1) :]})"
+            f"no such block: plan {rep.source or ''} has blocks 0..{n_blocks - 1}, not {block[1]} "
+            f"(blocks share decisions: try {block[0]}.0{block[2]})"
         )
     lines: list[str] = []
 
@@ -47,11 +41,11 @@ def explain(rep: Report, what: str) -> str:
     if d is not None:
         return _explain_decision(rep, d)
 
-    params = [p for p in plan.params if _generic(p) == g]
+    params = [p for p in plan.params if plan.generic(p) == g]
     if params:
         name = params[0]
         spec = plan.params[name]
-        n = len(params) if g.startswith("blocks.*") else 1
+        n = len(params) if plan.block_of(name) is not None else 1
         lines.append(f"parameter {g}" + (f" (same spec in all {rep.num_blocks} blocks)" if n > 1 else ""))
         known = (rep.trace or {}).get("params", {})
         info = next((known[p] for p in params if p in known), None)  # block 0 stands for all blocks
@@ -75,7 +69,7 @@ def explain(rep: Report, what: str) -> str:
         return "\n".join(lines)
 
     rows = [r for r in rep.rows() if r["loc"] == g] or [r for r in rep.rows() if r["module"] == g]
-    acts = [a for a in plan.activations if _generic(str(a.location)) == g or _generic(a.location.module) == g]
+    acts = [a for a in plan.activations if plan.generic(str(a.location)) == g or plan.generic(a.location.module) == g]
     if rows or acts:
         lines.append(f"{'op' if ':' in g else 'module'} {g}")
         for r in rows:
@@ -87,18 +81,18 @@ def explain(rep: Report, what: str) -> str:
             )
         for a in acts[:1]:
             lines.append(
-                f"  constraint at {_generic(str(a.location))}: {rep.spec(a.spec)}"
+                f"  constraint at {plan.generic(str(a.location))}: {rep.spec(a.spec)}"
                 + (f" ({len(acts)} sites)" if len(acts) > 1 else "")
                 + (f" — {a.reason}" if a.reason else "")
             )
-        d = rep.decision_for(rows[0]["module"] if rows else _generic(acts[0].location.module))
+        d = rep.decision_for(rows[0]["module"] if rows else plan.generic(acts[0].location.module))
         if d:
             lines.append(f"  decided by {d.node}: {d.strategy} (see `wancompile explain PLAN {d.macro}`)")
         if not rows and rep.trace is None:
             lines.append("  (plan.json has no per-op trace; `wancompile plan` writes one)")
         return "\n".join(lines)
 
-    near = sorted({d.macro for d in plan.decisions} | {_generic(p).rsplit(".", 1)[0] for p in plan.params})
+    near = sorted({d.macro for d in plan.decisions} | {plan.generic(p).rsplit(".", 1)[0] for p in plan.params})
     last = g.split(" ")[0].split(".")[-1]
     close = [x for x in near if last in x][:8] or near[:8]
     raise PlanError(
@@ -166,8 +160,8 @@ def _explain_decision(rep: Report, d: Decision) -> str:
     scopes = (d.scope, *d.members)
     seen = set()
     for a in rep.plan.activations:
-        k = _generic(str(a.location))
-        module = _generic(a.location.module)
+        k = rep.plan.generic(str(a.location))
+        module = rep.plan.generic(a.location.module)
         if a.location.module and any(module == s or module.startswith(s + ".") for s in scopes) and k not in seen:
             seen.add(k)
             lines.append(f"  constraint {k} -> {rep.spec(a.spec)}" + (f" ({a.reason})" if a.reason else ""))

@@ -38,10 +38,9 @@ builds it.
 from __future__ import annotations
 
 import inspect
-import re
 from collections import defaultdict
 
-from planner.plan import Plan, PlanError
+from planner.plan import MAIN_STACK, Plan, PlanError
 from wancompile.legalize import layer_norm_decomposed
 from wancompile.report.model import Report
 
@@ -271,9 +270,9 @@ def export_python(rep: Report) -> str:
     by_inner: dict[str, dict[int, tuple]] = defaultdict(dict)
     root: dict[str, tuple] = {}
     for name, spec in sharded.items():
-        m = re.match(r"^blocks\.(\d+)\.(.+)$", name)
-        if m:
-            by_inner[m.group(2)][int(m.group(1))] = spec
+        block = plan.block_of(name)
+        if block is not None and block[0] == MAIN_STACK:
+            by_inner[block[2][1:]][block[1]] = spec
         else:
             root[name] = spec
     block_specs, extra = {}, {}

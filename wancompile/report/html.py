@@ -16,6 +16,7 @@ from __future__ import annotations
 import html
 import re
 
+from planner.plan import MAIN_STACK
 from wancompile.report.markdown import render_markdown
 from wancompile.report.model import SMALL_RATIO, Report, human_bytes, us
 
@@ -85,7 +86,7 @@ def dataflow_svg(rep: Report) -> str:
             f'<rect x="{box_x}" y="{y}" width="{box_w}" height="{box_h}" rx="5" fill="{fill}" stroke="{stroke}" '
             f'stroke-width="{2 if r["constraint"] is not None else 1}"{dash}><title>{_esc(r["loc"])}: {_esc(rep.state(r["out"]))}</title></rect>'
         )
-        label = r["loc"].removeprefix("blocks.*").removeprefix(".").replace(":", " : ")
+        label = r["loc"].removeprefix(f"{MAIN_STACK}.*").removeprefix(".").replace(":", " : ")
         out.append(f'<text x="{box_x + 8}" y="{y + 13}" font-size="11.5">{_esc(label)}</text>')
         out.append(
             f'<text x="{box_x + 8}" y="{y + 25}" font-size="10.5" fill="#444">→ {_esc(rep.state(r["out"]))}'

@@ -20,7 +20,7 @@ from planner.cfg import plan_profile
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import entry_axes
 from planner.placements import Layout
-from planner.plan import Collective, CostSplit, Decision, Plan, PlanError
+from planner.plan import MAIN_STACK, Collective, CostSplit, Decision, Plan, PlanError
 
 # A collective is "small" when it moves under 1/SMALL_RATIO of the block's largest one: the seed's
 # norm_q/k statistics all-reduces are (1, L) against the (L, D) row-parallel ones, i.e. 1/D.
@@ -255,7 +255,7 @@ class Report:
         return [r for r in self.rows(segment) if r["kernel"] or r["collectives"] or r["constraint"]]
 
     def block_collectives(self) -> list[Collective]:
-        return [c for c in self.plan.collectives if c.where.startswith("blocks.*")]
+        return [c for c in self.plan.collectives if c.where.startswith(f"{MAIN_STACK}.*")]
 
     def bill(self) -> Bill:
         n = max(self.num_blocks, 1)

@@ -1,24 +1,154 @@
-"""plan.json's published JSON Schema (``wancompile/schema/plan.schema.json``) and a validator.
+"""plan.json's published JSON Schema, generated from the plan's records, and validation against it.
 
-`validate` needs no third-party package: it implements the subset of JSON Schema the file uses
-(``type``, ``const``, ``enum``, ``properties``, ``required``, ``additionalProperties``, ``items``,
-``minItems``, ``minimum``, ``pattern``, ``anyOf``, local ``$ref``). tests/test_report_schema.py
-checks that it agrees with the ``jsonschema`` package on valid and broken plans.
+``wancompile/schema/plan.schema.json`` is generated: the plan part from `planner.plan.Plan` and the
+records it holds (`planner.records.json_schema`), the optional ``report`` section (the per-op trace
+of one block, `wancompile.report.trace`) from `TRACE_SCHEMA` below. Regenerate it after changing a
+record with ``python -m wancompile.report.schema --write``; tests/test_report.py checks that the
+committed file is what this generates. `validate` / `errors` check a plan.json with the
+``jsonschema`` package (draft 2020-12) and say where each problem is as a JSON path.
 """
 
 from __future__ import annotations
 
 import json
-import re
+import sys
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "plan.schema.json"
+_DESCRIPTION = (
+    "A sharding plan for a Wan 2.2 model on an XLA mesh (DESIGN.md section 2), generated from planner/plan.py's "
+    "records. Plans of an older schema_version are refused with a message to re-plan. Written by `wancompile plan` "
+    "and by the wan_autoshard backend's dump_dir; read by the backend's `plan` option and the `wancompile "
+    "explain|diff|export` verbs. The optional `report` section is the per-op trace of one block "
+    "(wancompile/report/trace.py)."
+)
+
+
+def _object(properties: dict, required: list | None = None, closed: bool = True) -> dict:
+    """A JSON object's schema: these properties, all of them required unless `required` says which."""
+    out = {"type": "object", "required": list(properties) if required is None else required}
+    return out | ({"additionalProperties": False} if closed else {}) | {"properties": properties}
+
+
+# The trace section's format (written by wancompile/report/trace.py, not a typed record).
+TRACE_SCHEMA = {
+    "report": _object(
+        {
+            "version": {"const": 2},
+            "hardware": {"type": "string"},
+            "blocks": {"type": "integer", "minimum": 0},
+            "captured_blocks": {"type": "integer", "minimum": 0},
+            "tokens": {"type": "string"},
+            "block_module": {"type": "string"},
+            "families": {
+                "description": "further block stacks beside the main one (VACE's control blocks); their ops are segment 'family', one block each",
+                "type": "array",
+                "items": _object(
+                    {
+                        "prefix": {"type": "string"},
+                        "blocks": {"type": "integer", "minimum": 0},
+                        "block_module": {"type": "string"},
+                    }
+                ),
+            },
+            "params": {
+                "type": "object",
+                "additionalProperties": _object(
+                    {
+                        "shape": {"type": "array", "items": {"$ref": "#/$defs/dim"}},
+                        "dtype": {"type": "string"},
+                        "block": {"type": ["integer", "null"]},
+                    },
+                    required=["shape", "dtype"],
+                    closed=False,
+                ),
+            },
+            "ops": {
+                "type": "array",
+                "items": _object(
+                    {
+                        "loc": {"type": "string"},
+                        "segment": {"enum": ["prologue", "block", "family", "epilogue"]},
+                        "family": {
+                            "type": ["string", "null"],
+                            "description": "a block op's family (stack prefix): blocks, vace_blocks",
+                        },
+                        "group": {"type": "string"},
+                        "module": {"type": "string"},
+                        "op": {"type": "string"},
+                        "kernel": {"type": "boolean"},
+                        "weights": {
+                            "type": "array",
+                            "items": _object({"param": {"type": "string"}, "spec": {"$ref": "#/$defs/spec"}}),
+                        },
+                        "in": {"type": "array", "items": {"$ref": "#/$defs/state"}},
+                        "out": {"anyOf": [{"$ref": "#/$defs/state"}, {"type": "null"}]},
+                        "constraint": {"anyOf": [{"$ref": "#/$defs/spec"}, {"type": "null"}]},
+                        "module_output": {"type": "boolean"},
+                        "collectives": {"type": "array", "items": {"$ref": "#/$defs/Collective"}},
+                        "compute_s": {"type": "number", "minimum": 0},
+                        "flops": {"type": "number", "minimum": 0},
+                    },
+                    required=[
+                        "loc",
+                        "segment",
+                        "group",
+                        "op",
+                        "kernel",
+                        "weights",
+                        "in",
+                        "out",
+                        "constraint",
+                        "collectives",
+                        "compute_s",
+                    ],
+                ),
+            },
+        },
+        required=["version", "hardware", "blocks", "ops"],
+        closed=False,
+    ),
+    "state": {
+        "description": "a tensor's state: global shape, per-dim partition spec, axes of unreduced partial sums",
+        "type": "object",
+        "required": ["shape", "spec", "partial"],
+        "additionalProperties": False,
+        "properties": {
+            "shape": {"type": "array", "items": {"$ref": "#/$defs/dim"}},
+            "spec": {"$ref": "#/$defs/spec"},
+            "partial": {"type": "array", "items": {"type": "string"}},
+        },
+    },
+}
 
 
 class SchemaError(ValueError):
     """plan.json does not match the schema; the message gives the JSON path of the first problem."""
+
+
+def generate() -> dict:
+    """The schema as planner/plan.py's records and `TRACE_SCHEMA` define it."""
+    from planner.plan import Plan
+    from planner.records import json_schema
+
+    defs: dict[str, Any] = {}
+    json_schema(Plan, defs)
+    plan = defs.pop("Plan")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "$id": "https://github.com/wancompile/wancompile/blob/main/wancompile/schema/plan.schema.json",
+        "title": "wancompile plan.json",
+        "description": _DESCRIPTION,
+        **{k: v for k, v in plan.items() if k != "description"},
+        "properties": {**plan["properties"], "report": {"$ref": "#/$defs/report"}},
+        "$defs": {**defs, **TRACE_SCHEMA},
+    }
+
+
+def render() -> str:
+    return json.dumps(generate(), indent=1) + "\n"
 
 
 @lru_cache(maxsize=1)
@@ -26,23 +156,34 @@ def plan_schema() -> dict:
     return json.loads(SCHEMA_PATH.read_text())
 
 
-_TYPES = {
-    "object": lambda v: isinstance(v, dict),
-    "array": lambda v: isinstance(v, list),
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "null": lambda v: v is None,
-}
+def _path(parts) -> str:
+    out = "$"
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else f".{p}" if p.isidentifier() else f"[{p!r}]"
+    return out
+
+
+def _message(e) -> str:
+    """One line for a jsonschema error, naming the field or value at fault."""
+    value, inst = e.validator_value, e.instance
+    props = e.schema.get("properties", {})
+    say = {
+        "required": lambda: f"missing required field {next(k for k in value if k not in inst)!r}",
+        "additionalProperties": lambda: f"unexpected field {next(k for k in inst if k not in props)!r}",
+        "const": lambda: f"expected {value!r}, got {inst!r}",
+        "enum": lambda: f"{inst!r} is not one of {list(value)}",
+        "anyOf": lambda: f"{inst!r} matches none of the allowed forms",
+        "pattern": lambda: f"{inst!r} does not match {value!r}",
+    }
+    return say[e.validator]() if e.validator in say else e.message
 
 
 def errors(value: Any, schema: dict | None = None) -> list[str]:
     """Every mismatch as ``$.path: message`` (empty when `value` is valid)."""
-    root = schema or plan_schema()
-    out: list[str] = []
-    _check(value, root, root, "$", out)
-    return out
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema or plan_schema())
+    return [f"{_path(e.absolute_path)}: {_message(e)}" for e in validator.iter_errors(value)]
 
 
 def validate(value: Any, schema: dict | None = None) -> None:
@@ -52,46 +193,8 @@ def validate(value: Any, schema: dict | None = None) -> None:
         raise SchemaError(f"plan.json does not match plan.schema.json: {errs[0]}{more}")
 
 
-def _check(v: Any, s: dict, root: dict, path: str, out: list[str]) -> None:
-    if "$ref" in s:
-        ref = s["$ref"]
-        if not ref.startswith("#/"):
-            raise ValueError(f"only local $ref is supported, not {ref!r}")
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target[part]
-        _check(v, target, root, path, out)
-    if "const" in s and v != s["const"]:
-        out.append(f"{path}: expected {s['const']!r}, got {v!r}")
-    if "enum" in s and v not in s["enum"]:
-        out.append(f"{path}: {v!r} is not one of {s['enum']}")
-    if "type" in s:
-        types = s["type"] if isinstance(s["type"], list) else [s["type"]]
-        if not any(_TYPES[t](v) for t in types):
-            out.append(f"{path}: expected {' or '.join(types)}, got {type(v).__name__}")
-            return
-    if "anyOf" in s:
-        if not any(not errors(v, {**alt, "$defs": root.get("$defs", {})}) for alt in s["anyOf"]):
-            out.append(f"{path}: {v!r} matches none of the allowed forms")
-    if "minimum" in s and _TYPES["number"](v) and v < s["minimum"]:
-        out.append(f"{path}: {v} is below the minimum {s['minimum']}")
-    if "pattern" in s and isinstance(v, str) and not re.search(s["pattern"], v):
-        out.append(f"{path}: {v!r} does not match {s['pattern']!r}")
-    if isinstance(v, dict):
-        props = s.get("properties", {})
-        for key in s.get("required", []):
-            if key not in v:
-                out.append(f"{path}: missing required field {key!r}")
-        for key, item in v.items():
-            if key in props:
-                _check(item, props[key], root, f"{path}.{key}", out)
-            elif s.get("additionalProperties") is False:
-                out.append(f"{path}: unexpected field {key!r}")
-            elif isinstance(s.get("additionalProperties"), dict):
-                _check(item, s["additionalProperties"], root, f"{path}[{key!r}]", out)
-    if isinstance(v, list):
-        if "minItems" in s and len(v) < s["minItems"]:
-            out.append(f"{path}: needs at least {s['minItems']} item(s)")
-        if "items" in s:
-            for i, item in enumerate(v):
-                _check(item, s["items"], root, f"{path}[{i}]", out)
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python -m wancompile.report.schema --write   (regenerates " + str(SCHEMA_PATH) + ")")
+    SCHEMA_PATH.write_text(render())
+    print(f"wrote {SCHEMA_PATH}")

@@ -23,7 +23,6 @@ convention) and the axes of unreduced partial sums; the views print it in the on
 
 from __future__ import annotations
 
-import re
 from typing import Any, Optional
 
 from planner.cfg import plan_profile
@@ -52,13 +51,6 @@ KERNELS = frozenset(
         "native_layer_norm",
     }
 )
-
-
-def generic(where: str) -> str:
-    """``blocks.7.attn1:linear#0`` -> ``blocks.*.attn1:linear#0`` (one row stands for every block): for
-    readers of a plan file alone (explain, diff), which name blocks as plan.json does. With the
-    captured graph at hand, `planner.graph.Graph.in_block` says it from the node's block instead."""
-    return re.sub(r"^blocks\.\d+", "blocks.*", where)
 
 
 def state(meta: TensorMeta, layout: Optional[Layout]) -> dict[str, Any]:
