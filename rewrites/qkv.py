@@ -19,6 +19,12 @@ H is read off the ``unflatten(2, (H, -1))`` that follows each projection (throug
 Preconditions — the projections share their input node, all have or all lack a bias, weights have the
 same shape and agree on H — are checked per attention; one that cannot be proven leaves that
 attention's graph as it was and is reported in ``skipped``.
+
+A hand matcher, not `rewrites._pattern`: the three linears are grouped by module path (``P.to_q``,
+``P.to_k``, ``P.to_v``), not by dataflow alone. As a subgraph pattern (three linears on one input)
+``torch.fx.subgraph_rewriter`` enumerates every triple of linears sharing an input, and every
+cross-attention's ``to_k``/``to_v`` read the same prompt: 80 of them on a 40-block DiT, 14 s of
+matching (measured; 0.26 s at 10 blocks, cubic) against 0.6 s for this pass on A14B.
 """
 
 from __future__ import annotations
@@ -47,6 +53,7 @@ from ._core import (
     static,
     value,
 )
+from ._registry import Rewrite, register
 
 ROLES = ("to_q", "to_k", "to_v")
 
@@ -64,6 +71,16 @@ def fuse_qkv(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> 
             skipped.append(note(attention, why))
     finish(gm)
     return report("qkv", where, skipped)
+
+
+register(
+    Rewrite(
+        "qkv",
+        fuse_qkv,
+        "P.to_q/to_k/to_v linears on one input (to_k/to_v for cross-attention) -> one head-interleaved linear",
+        order=10,
+    )
+)
 
 
 def _attentions(graph: fx.Graph) -> dict[str, dict[str, fx.Node]]:

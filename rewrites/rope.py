@@ -17,6 +17,10 @@ Exactly equal: lane 2i of the flattened stack is the even value i and lane 2i+1 
 the ``.to`` is the same rounding the write into ``out`` did (the tables are float64 in diffusers, so
 the halves are float64 and ``out`` is x's dtype). The ``.to`` is left out when the dtypes agree.
 No scatter (setitem on a strided slice) and no ``empty_like`` remain for the partitioner.
+
+A hand matcher, not `rewrites._pattern`: the pattern is two in-place writes into a buffer, which no
+dataflow path from the output reaches (``torch.fx.subgraph_rewriter`` rejects a pattern whose nodes
+have no users), and it holds only if ``out`` is not read between the writes, an ordering condition.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from ._core import (
     shape,
     value,
 )
+from ._registry import Rewrite, register
 
 EVEN = (Ellipsis, slice(0, None, 2))
 ODD = (Ellipsis, slice(1, None, 2))
@@ -59,6 +64,16 @@ def rope_without_scatter(gm: fx.GraphModule, context: RewriteContext = RewriteCo
                 skipped.append(note(path, why))
     finish(gm)
     return report("rope", where, skipped)
+
+
+register(
+    Rewrite(
+        "rope",
+        rope_without_scatter,
+        "out = empty_like(x); out[..., 0::2] = a; out[..., 1::2] = b -> stack([a, b], -1).flatten(-2)",
+        order=50,
+    )
+)
 
 
 def _writes(out: fx.Node, order: dict) -> tuple[fx.Node, fx.Node]:

@@ -68,6 +68,8 @@ def _number(what: str, *, positive: bool):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from rewrites import PASS_NAMES
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr"
@@ -127,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rewrites",
         default="none",
         help="graph rewrites to run before planning, as the backend's `rewrites` option: 'all', 'none' "
-        "(default) or a comma-separated list of qkv, rmsnorm, conv1x1, patch_embed, rope, sp_pad",
+        f"(default) or a comma-separated list of {', '.join(PASS_NAMES)}",
     )
     plan.add_argument(
         "--preset",
