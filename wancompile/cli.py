@@ -205,7 +205,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_plan_args(args: argparse.Namespace):
     """Every value `plan` needs, checked before anything slow runs: (model spec, mesh, hardware)."""
-    from planner.hardware import default_hardware, get_profile
+    from planner.hardware import UnknownHardware, resolve_hardware
     from planner.mesh import MeshError, parse_mesh
     from wancompile.models import get_model
 
@@ -221,11 +221,11 @@ def _check_plan_args(args: argparse.Namespace):
         mesh = parse_mesh(args.mesh)
     except MeshError as e:
         raise UsageError(f"--mesh: {e}") from None
-    args.hardware = args.hardware or default_hardware(mesh)
     try:
-        hw = get_profile(args.hardware)
-    except ValueError as e:
+        hw = resolve_hardware(args.hardware, mesh)
+    except UnknownHardware as e:
         raise UsageError(f"--hardware: {e}") from None
+    args.hardware = hw.name
     native = "x".join(map(str, hw.mesh_shape))
     if mesh.size > math.prod(hw.mesh_shape):
         raise UsageError(
