@@ -224,6 +224,20 @@ def replace(old: fx.Node, new: fx.Node) -> None:
     old.graph.erase_node(old)
 
 
+def rewrite_each(gm: fx.GraphModule, name: str, candidates: Iterable[tuple[str, Callable[[], None]]]) -> RewriteReport:
+    """A hand matcher's loop: for each candidate ``(module path, rewrite)`` run ``rewrite()``; one that
+    raises `Skip` is left alone and its reason reported."""
+    where, skipped = [], []
+    for path, rewrite in candidates:
+        try:
+            rewrite()
+            where.append(path)
+        except Skip as why:
+            skipped.append(note(path, why))
+    finish(gm)
+    return report(name, where, skipped)
+
+
 def finish(gm: fx.GraphModule) -> fx.GraphModule:
     gm.graph.lint()
     gm.recompile()

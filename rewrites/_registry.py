@@ -12,7 +12,7 @@ name), and every ``after`` dependency is checked to run first. The local normali
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Iterable, Optional
 
 import torch.fx as fx
 
@@ -43,14 +43,15 @@ def register(rewrite: Rewrite) -> Rewrite:
     return rewrite
 
 
-def ordered() -> tuple[Rewrite, ...]:
-    """Every registered pass in run order; raises if a pass would run before one it names in ``after``."""
-    passes = sorted(_REGISTRY.values(), key=lambda r: (r.order, r.name))
+def ordered(rewrites: Optional[Iterable[Rewrite]] = None) -> tuple[Rewrite, ...]:
+    """``rewrites`` (default: every registered pass) in run order; raises if a pass would run before one
+    it names in ``after``."""
+    passes = sorted(_REGISTRY.values() if rewrites is None else rewrites, key=lambda r: (r.order, r.name))
     position = {r.name: i for i, r in enumerate(passes)}
     for r in passes:
         for dep in r.after:
             if dep not in position:
                 raise ValueError(f"rewrite {r.name!r} runs after {dep!r}, which is not registered")
             if position[dep] > position[r.name]:
-                raise ValueError(f"rewrite {r.name!r} must run after {dep!r}: give it a smaller order")
+                raise ValueError(f"rewrite {r.name!r} must run after {dep!r}: give {dep!r} an order below {r.order}")
     return tuple(passes)

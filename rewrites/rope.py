@@ -26,6 +26,7 @@ have no users), and it holds only if ``out`` is not read between the writes, an 
 from __future__ import annotations
 
 import operator
+from functools import partial
 
 import torch
 import torch.fx as fx
@@ -36,11 +37,9 @@ from ._core import (
     RewriteReport,
     Skip,
     calls,
-    finish,
     module_path,
-    note,
     replace,
-    report,
+    rewrite_each,
     shape,
     value,
 )
@@ -51,19 +50,15 @@ ODD = (Ellipsis, slice(1, None, 2))
 
 
 def rope_without_scatter(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
-    where, skipped = [], []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    for node in list(gm.graph.nodes):
-        if calls(node, torch.empty_like) and any(calls(u, operator.setitem) for u in node.users):
-            path = module_path(node)
-            try:
-                even, odd = _writes(node, order)
-                _rewrite(gm.graph, node, even, odd, order)
-                where.append(path)
-            except Skip as why:
-                skipped.append(note(path, why))
-    finish(gm)
-    return report("rope", where, skipped)
+
+    def unscatter(out: fx.Node) -> None:
+        _rewrite(gm.graph, out, *_writes(out, order), order)
+
+    buffers = [
+        n for n in gm.graph.nodes if calls(n, torch.empty_like) and any(calls(u, operator.setitem) for u in n.users)
+    ]
+    return rewrite_each(gm, "rope", ((module_path(n), partial(unscatter, n)) for n in buffers))
 
 
 register(
