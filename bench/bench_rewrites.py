@@ -56,20 +56,9 @@ def compute_ops(graphs: list[fx.GraphModule]) -> int:
 
 
 def tiny_dit() -> list[fx.GraphModule]:
-    from diffusers import WanTransformer3DModel
+    from wancompile.models import build_transformer
 
-    model = WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=4,
-        attention_head_dim=16,
-        in_channels=4,
-        out_channels=4,
-        text_dim=32,
-        freq_dim=16,
-        ffn_dim=96,
-        num_layers=2,
-        rope_max_seq_len=32,
-    ).eval()
+    model = build_transformer("tiny")
     x = torch.randn(1, 4, 5, 6, 6)  # 45 tokens
     return capture(lambda *a: model(*a, return_dict=False), x, torch.tensor([500]), torch.randn(1, 7, 32))
 

@@ -26,7 +26,6 @@ import copy
 import json
 import operator
 import os
-import re
 import time
 
 os.environ.setdefault("PJRT_DEVICE", "CPU")
@@ -38,8 +37,12 @@ import torch
 import torch.fx as fx
 import torch.utils._pytree as pytree
 
+from rewrites._core import module_path
+
 TIMESTEPS = (0, 1, 500, 999)
 _nullctx = contextlib.nullcontext
+# wancompile.models' "tiny" config, written out: this script compares plain torch_xla with eager and
+# must not import wancompile (which switches the runtime to SPMD)
 MODEL_KW = dict(
     patch_size=(1, 2, 2),
     num_attention_heads=4,
@@ -330,15 +333,6 @@ def _label(n):
     return getattr(t, "__name__", str(t))
 
 
-def _module_path(n):
-    st = n.meta.get("nn_module_stack") or {}
-    if not st:
-        return ""
-    path = list(st.values())[-1][0]
-    path = path.replace("L['self'].", "").replace("L['self']", "")
-    return re.sub(r"_modules\['([^']*)'\]", r"\1", path)
-
-
 def local_op_errors(ts=500):
     """Every FX node re-run on XLA with the eager-CPU values of its inputs."""
     import torch_xla
@@ -385,7 +379,7 @@ def local_op_errors(ts=500):
                 dict(
                     node=n.name,
                     op=_label(n),
-                    module=_module_path(n),
+                    module=module_path(n),
                     shape=list(refs[0].shape),
                     maxabs=err,
                     rel=err / max(scale, 1e-30),
@@ -472,7 +466,7 @@ def openxla_eval_bisect(ts=500, thresh=1e-4, window=30):
     return dict(
         first=first,
         first_op=_label(node),
-        first_module=_module_path(node),
+        first_module=module_path(node),
         first_err=cache[first],
         prev=cands[lo - 1] if lo else None,
         prev_err=err_at(cands[lo - 1]) if lo else None,

@@ -50,7 +50,7 @@ from dataclasses import replace
 from typing import Any, Optional, Union
 
 from planner.graph import Graph
-from planner.hardware import HardwareProfile, get_profile
+from planner.hardware import HardwareProfile, resolve_hardware
 from planner.mesh import MeshSpec
 from planner.plan import CfgOption, CfgParallel, Decision, Exclusion, MemoryBudgetError, OptionCost, Plan, PlanError
 from planner.strategies import find_structure
@@ -171,7 +171,7 @@ def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
 def plan_dit(
     graph: Graph,
     mesh: MeshSpec,
-    hardware: Union[str, HardwareProfile] = "wh-loudbox",
+    hardware: Union[str, HardwareProfile, None] = None,
     *,
     cfg_parallel: Union[str, bool, None] = "auto",
     cfg_axes: Optional[tuple[str, ...]] = None,
@@ -193,7 +193,7 @@ def plan_dit(
     from planner.autoplan import plan_graph
 
     mode = normalize_mode(cfg_parallel)
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware)
+    hw = resolve_hardware(hardware, mesh)
     batch = batch_size(graph)
     if not isinstance(batch, int) or batch % 2:
         if mode == "on":

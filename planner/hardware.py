@@ -23,7 +23,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Union
+
+from planner.plan import PlanError
 
 KINDS = ("all-gather", "reduce-scatter", "all-reduce", "all-to-all", "collective-permute")
 
@@ -349,11 +351,25 @@ def default_hardware(mesh) -> str:
     return DEFAULT_FOR_MESH.get(shape, FALLBACK_HARDWARE)
 
 
+class UnknownHardware(PlanError):
+    """A hardware name that is not one of `PROFILES`."""
+
+
 def get_profile(name: str) -> HardwareProfile:
     try:
         return PROFILES[name]
     except KeyError:
-        raise ValueError(f"unknown hardware profile {name!r}; choose one of {', '.join(sorted(PROFILES))}") from None
+        raise UnknownHardware(
+            f"unknown hardware profile {name!r}; choose one of {', '.join(sorted(PROFILES))}"
+        ) from None
+
+
+def resolve_hardware(hardware: Union[str, HardwareProfile, None], mesh) -> HardwareProfile:
+    """The one way every entry point gets its profile: a `HardwareProfile` as given, a name looked up
+    (`UnknownHardware` if it is not one), None the mesh's default (`default_hardware`)."""
+    if isinstance(hardware, HardwareProfile):
+        return hardware
+    return get_profile(hardware or default_hardware(mesh))
 
 
 def is_tenstorrent(name: str) -> bool:

@@ -32,7 +32,7 @@ from dataclasses import replace
 
 from planner.collective import Collective
 from planner.graph import Graph, Node
-from planner.hardware import HardwareProfile, get_profile
+from planner.hardware import HardwareProfile, resolve_hardware
 from planner.placements import Layout
 from planner.plan import ActivationConstraint, Plan
 from planner.propagate import evaluate
@@ -56,7 +56,7 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
     comes back unchanged."""
     if any(a.reason in PIN_REASONS for a in plan.activations):
         return plan
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
@@ -101,7 +101,7 @@ def target_collectives(
     ``target``): the plan's collectives, less what the whole-graph propagation under GSPMD has and the
     target's does not, plus what only the target's has."""
     target = get_target(plan.target)
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or plan.hardware or "wh-loudbox")
+    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})

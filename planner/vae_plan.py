@@ -44,7 +44,7 @@ from typing import Mapping, Optional
 from planner import engine, pricing
 from planner.cost_model import collective_seconds, to_ns
 from planner.graph import Graph, Node, TensorMeta
-from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.hardware import HardwareProfile, resolve_hardware
 from planner.ilp import Edge, Group
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, numel, shard_count
@@ -552,7 +552,7 @@ def plan_vae(
         PlanError: no plan fits the memory budget, or `only` leaves a macro without a legal strategy
             (the message lists why the wanted ones were excluded, e.g. an uneven spatial split).
     """
-    hw = hardware if isinstance(hardware, HardwareProfile) else get_profile(hardware or default_hardware(mesh))
+    hw = resolve_hardware(hardware, mesh)
     hw = get_target(target).profile(hw)  # what the target cannot lower, priced out
     family = VaeFamily(
         graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model, target=target

@@ -1,7 +1,9 @@
 """FX graph passes that normalise the captured Wan graphs before planning (DESIGN.md §6).
 
 Each pass is one file, numerically identical to what it replaces (docs/rewrites.md states the bound
-for each). Nothing here imports the planner or torch_xla.
+for each), that registers itself (`rewrites._registry`): its name, a one-line summary and when it runs
+are data, from which `PASS_NAMES`, the backend's ``rewrites`` option, the CLI's ``--rewrites`` and the
+run order all come. Nothing here imports the planner or torch_xla.
 
     gm, reports = apply_rewrites(gm, "all", RewriteContext(sp_multiple=8 * 32))
 
@@ -12,31 +14,19 @@ nodes keep both meta fields, so capture reads the rewritten graph like the origi
 
 from __future__ import annotations
 
-from typing import Callable, Sequence, Union
+from typing import Sequence, Union
 
 import torch.fx as fx
 
+# Importing a pass module registers its passes (the order they run in is their `Rewrite.order`).
+from . import conv, qkv, rmsnorm, rope, sp_pad  # noqa: F401
 from ._core import RewriteContext, RewriteReport
-from .conv import conv1x1_to_linear, patch_embed_to_linear
-from .qkv import fuse_qkv
-from .rmsnorm import fuse_rmsnorm
-from .rope import rope_without_scatter
-from .sp_pad import pad_tokens
+from ._registry import Pass, Rewrite, ordered
 
-__all__ = ["PASS_NAMES", "PASSES", "RewriteContext", "RewriteReport", "apply_rewrites"]
+__all__ = ["PASS_NAMES", "PASSES", "REWRITES", "Rewrite", "RewriteContext", "RewriteReport", "apply_rewrites"]
 
-Pass = Callable[[fx.GraphModule, RewriteContext], RewriteReport]
-
-# Passes run in this order whatever order they are named in: conv1x1 before patch_embed claims a
-# k = s = 1 conv for the cheaper form; sp_pad last, so it pads the graph the others produced.
-PASSES: dict[str, Pass] = {
-    "qkv": fuse_qkv,
-    "rmsnorm": fuse_rmsnorm,
-    "conv1x1": conv1x1_to_linear,
-    "patch_embed": patch_embed_to_linear,
-    "rope": rope_without_scatter,
-    "sp_pad": pad_tokens,
-}
+REWRITES: tuple[Rewrite, ...] = ordered()
+PASSES: dict[str, Pass] = {r.name: r.run for r in REWRITES}
 PASS_NAMES = tuple(PASSES)
 
 

@@ -99,23 +99,31 @@ def static(dims: Iterable) -> bool:
     return all(isinstance(d, int) for d in dims)
 
 
-_MODULES = re.compile(r"\._modules\['([^']+)'\]")
-_INDEX = re.compile(r"\[(\d+)\]")
 _GETATTR = re.compile(r"getattr\(([^()]*), '([^']+)'\)")
-_ROOT = re.compile(r"^L\['[^']+'\]\.?")
+_MODULES = re.compile(r"\._modules\['([^']+)'\]")
+_KEY = re.compile(r"\['([^']*)'\]")
+_INDEX = re.compile(r"\[(\d+)\]")
+_ROOT = re.compile(r"^([LG]\['[^']+'\]|L__(?:self|fn)__)")
+
+
+def stack_path(entry: str) -> str:
+    """Dotted module path of an ``nn_module_stack`` entry:
+    ``L['self']._modules['blocks']._modules['1'].attn2.to_k`` -> ``blocks.1.attn2.to_k``
+    (``getattr(x, 'a')`` and ``[0]`` read as ``.a`` and ``.0``). The root is whatever dynamo named the
+    outermost module: the compiled module (``L['self']``, ``L__self__``) or the local or global a compiled
+    function called (``L['model']``, ``G['vae']``)."""
+    path = _ROOT.sub("", entry)
+    while _GETATTR.search(path):
+        path = _GETATTR.sub(r"\1.\2", path)
+    path = _MODULES.sub(r".\1", path)
+    path = _KEY.sub(r".\1", path)
+    return _INDEX.sub(r".\1", path).lstrip(".")
 
 
 def module_path(node: fx.Node) -> str:
     """Dotted path of the innermost module that ran ``node`` (``blocks.0.attn1.to_q``); "" for the root."""
     stack = node.meta.get("nn_module_stack") or {}
-    if not stack:
-        return ""
-    path = list(stack.values())[-1][0]
-    while _GETATTR.search(path):
-        path = _GETATTR.sub(r"\1.\2", path)
-    path = _MODULES.sub(r".\1", path)
-    path = _INDEX.sub(r".\1", path)
-    return _ROOT.sub("", path).lstrip(".")
+    return stack_path(list(stack.values())[-1][0]) if stack else ""
 
 
 def parent_stack(node: fx.Node) -> dict:
@@ -214,6 +222,20 @@ def replace(old: fx.Node, new: fx.Node) -> None:
     """Point every user of ``old`` at ``new`` and erase ``old``."""
     old.replace_all_uses_with(new)
     old.graph.erase_node(old)
+
+
+def rewrite_each(gm: fx.GraphModule, name: str, candidates: Iterable[tuple[str, Callable[[], None]]]) -> RewriteReport:
+    """A hand matcher's loop: for each candidate ``(module path, rewrite)`` run ``rewrite()``; one that
+    raises `Skip` is left alone and its reason reported."""
+    where, skipped = [], []
+    for path, rewrite in candidates:
+        try:
+            rewrite()
+            where.append(path)
+        except Skip as why:
+            skipped.append(note(path, why))
+    finish(gm)
+    return report(name, where, skipped)
 
 
 def finish(gm: fx.GraphModule) -> fx.GraphModule:

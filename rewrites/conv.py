@@ -19,6 +19,9 @@ producing tokens (B, L, D)), and emits the token-major form directly::
 so the (B, L, D) tensor the sequence-parallel shard applies to is a linear's output, not a reshape of
 a partitioned conv output (the partitioner bug of seed 000, ``docs/seeds.md``). The input's T, H and W must be
 static multiples of the kernel (a conv would drop the remainder).
+
+Both are pattern + replacement (`rewrites._pattern`): the pattern is the conv call as ``nn.ConvNd``
+emits it (all seven arguments), the preconditions on the literals are `_check_plain`.
 """
 
 from __future__ import annotations
@@ -26,55 +29,84 @@ from __future__ import annotations
 import torch
 import torch.fx as fx
 
-from ._core import (
-    CONV,
-    Emitter,
-    RewriteContext,
-    RewriteReport,
-    Skip,
-    calls,
-    calls_method,
-    finish,
-    module_path,
-    note,
-    only_user,
-    replace,
-    report,
-    shape,
-    static,
-)
+from ._core import CONV, RewriteContext, RewriteReport, Skip, shape, static
+from ._pattern import Match, Pattern, named, rewrite_patterns
+from ._registry import Rewrite, register
+
+_CONVS = {1: torch.conv1d, 2: torch.conv2d, 3: torch.conv3d}
+
+
+def _conv_pattern(conv):
+    def pattern(x, w, b, stride, padding, dilation, groups):
+        return conv(x, w, b, stride, padding, dilation, groups)
+
+    return pattern
+
+
+def _patch_pattern(x, w, b, stride, padding, dilation, groups):
+    return torch.conv3d(x, w, b, stride, padding, dilation, groups).flatten(2).transpose(1, 2)
+
+
+def _linear_over_channels(m: Match):
+    def replacement(x, w, b, **_):
+        return torch._C._nn.linear(x.movedim(1, -1), w.flatten(1), b).movedim(-1, 1)
+
+    return replacement
+
+
+def _check_1x1(m: Match):
+    conv = m.first
+    if not all(k == 1 for k in _kernel(conv)):
+        return False
+    _check_plain(conv, stride=(1,) * CONV[conv.target])
+
+
+def _patches_to_linear(m: Match):
+    kt, kh, kw = _kernel(m.first)
+
+    def replacement(x, w, b, **_):
+        patches = x.unflatten(4, (-1, kw)).unflatten(3, (-1, kh)).unflatten(2, (-1, kt))  # B C T' kt H' kh W' kw
+        patches = named(patches.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4).flatten(1, 3), "patches")  # B L (C kt kh kw)
+        return named(torch._C._nn.linear(patches, w.flatten(1), b), "tokens")
+
+    return replacement
+
+
+def _check_patch(m: Match):
+    conv, flatten, transpose = m.nodes
+    if tuple(flatten.args[1:]) not in {(2,), (2, -1), (2, 4)} or tuple(sorted(transpose.args[1:])) != (1, 2):
+        return False
+    kernel = _kernel(conv)
+    _check_plain(conv, stride=kernel)
+    _check_divisible(conv, kernel)
 
 
 def conv1x1_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
-    where, skipped = [], []
-    for node in list(gm.graph.nodes):
-        if calls(node, CONV) and _kernel(node) and all(k == 1 for k in _kernel(node)):
-            path = module_path(node)
-            try:
-                _check_plain(node, stride=(1,) * CONV[node.target])
-                _conv1x1(gm.graph, node)
-                where.append(path)
-            except Skip as why:
-                skipped.append(note(path, why))
-    finish(gm)
-    return report("conv1x1", where, skipped)
+    patterns = [Pattern(_conv_pattern(conv), _linear_over_channels, _check_1x1) for conv in _CONVS.values()]
+    return rewrite_patterns(gm, "conv1x1", patterns)
 
 
 def patch_embed_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
-    where, skipped = [], []
-    for node in list(gm.graph.nodes):
-        if calls(node, CONV) and CONV[node.target] == 3 and _tokens_out(node) is not None:
-            path = module_path(node)
-            try:
-                kernel = _kernel(node)
-                _check_plain(node, stride=kernel)
-                _check_divisible(node, kernel)
-                _patch_embed(gm.graph, node, kernel)
-                where.append(path)
-            except Skip as why:
-                skipped.append(note(path, why))
-    finish(gm)
-    return report("patch_embed", where, skipped)
+    return rewrite_patterns(gm, "patch_embed", [Pattern(_patch_pattern, _patches_to_linear, _check_patch)])
+
+
+register(
+    Rewrite(
+        "conv1x1",
+        conv1x1_to_linear,
+        "conv1d/2d/3d with kernel 1, stride 1, no padding -> linear over the channel dim",
+        order=30,
+    )
+)
+register(
+    Rewrite(
+        "patch_embed",
+        patch_embed_to_linear,
+        "conv3d with kernel == stride, then flatten(2).transpose(1, 2) -> linear over patches giving (B, L, D)",
+        order=40,
+        after=("conv1x1",),  # a k = s = 1 conv takes conv1x1's cheaper form
+    )
+)
 
 
 def _conv_args(node: fx.Node) -> dict:
@@ -116,44 +148,3 @@ def _check_divisible(node: fx.Node, kernel: tuple) -> None:
     spatial = shape(_conv_args(node)["input"])[2:]
     if not static(spatial) or any(s % k for s, k in zip(spatial, kernel)):
         raise Skip(f"input extent {spatial} is not a static multiple of the kernel {kernel}")
-
-
-def _conv1x1(graph: fx.Graph, conv: fx.Node) -> None:
-    a = _conv_args(conv)
-    emit = Emitter(graph, conv, conv)
-    x = emit.method("movedim", a["input"], 1, -1)
-    y = emit.call(torch._C._nn.linear, x, emit.method("flatten", a["weight"], 1), a["bias"], name="linear")
-    replace(conv, emit.method("movedim", y, -1, 1))
-
-
-def _tokens_out(conv: fx.Node):
-    """The ``transpose(1, 2)`` of ``conv.flatten(2).transpose(1, 2)``, when that is the conv's only use."""
-    flatten = only_user(conv)
-    if (
-        flatten is None
-        or not calls_method(flatten, "flatten")
-        or tuple(flatten.args[1:]) not in {(2,), (2, -1), (2, 4)}
-    ):
-        return None
-    transpose = only_user(flatten)
-    if transpose is None or not calls_method(transpose, "transpose") or tuple(sorted(transpose.args[1:])) != (1, 2):
-        return None
-    return transpose
-
-
-def _patch_embed(graph: fx.Graph, conv: fx.Node, kernel: tuple) -> None:
-    a = _conv_args(conv)
-    kt, kh, kw = kernel
-    transpose = _tokens_out(conv)
-    flatten = only_user(conv)
-    emit = Emitter(graph, conv, conv)
-    patches = emit.method("unflatten", a["input"], 4, (-1, kw))
-    patches = emit.method("unflatten", patches, 3, (-1, kh))
-    patches = emit.method("unflatten", patches, 2, (-1, kt))
-    patches = emit.method("permute", patches, 0, 2, 4, 6, 1, 3, 5, 7)
-    patches = emit.method("flatten", emit.method("flatten", patches, 4), 1, 3, name="patches")
-    weight = emit.method("flatten", a["weight"], 1)
-    tokens = emit.call(torch._C._nn.linear, patches, weight, a["bias"], name="tokens")
-    replace(transpose, tokens)
-    graph.erase_node(flatten)
-    graph.erase_node(conv)

@@ -3,7 +3,9 @@
 Heads that a mesh axis does not divide (Wan 2.1's 12 on 8 devices) cannot be split for head-TP or
 Ulysses. Padded to a multiple of the split (12 -> 16, as TensorRT does for Wan's context
 parallelism) they can. Run only where the plan chose it (the planner prices the padded option on the
-graph this pass produces; ``planner.autoplan``); it is not one of the normalising `PASSES`.
+graph this pass produces; ``planner.autoplan``); it is not one of the normalising `PASSES` (not
+registered). A hand matcher: what it changes is shape-dependent (every op that carries the head count
+between the projections and ``to_out``, however many), not a fixed subgraph.
 
 Per attention module ``P`` named in ``pads`` (block-generic, ``blocks.*.attn1``, or exact), with
 ``r`` rows per head in a projection weight (``d``, or ``3d`` for the ``qkv`` rewrite's

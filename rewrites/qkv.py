@@ -19,11 +19,18 @@ H is read off the ``unflatten(2, (H, -1))`` that follows each projection (throug
 Preconditions — the projections share their input node, all have or all lack a bias, weights have the
 same shape and agree on H — are checked per attention; one that cannot be proven leaves that
 attention's graph as it was and is reported in ``skipped``.
+
+A hand matcher, not `rewrites._pattern`: the three linears are grouped by module path (``P.to_q``,
+``P.to_k``, ``P.to_v``), not by dataflow alone. As a subgraph pattern (three linears on one input)
+``torch.fx.subgraph_rewriter`` enumerates every triple of linears sharing an input, and every
+cross-attention's ``to_k``/``to_v`` read the same prompt: 80 of them on a 40-block DiT, 14 s of
+matching (measured; 0.26 s at 10 blocks, cubic) against 0.6 s for this pass on A14B.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from functools import partial
 
 import torch
 import torch.fx as fx
@@ -36,34 +43,39 @@ from ._core import (
     Skip,
     calls,
     calls_method,
-    finish,
     linear_args,
     module_path,
-    note,
     parent_stack,
     replace,
-    report,
+    rewrite_each,
     shape,
     static,
     value,
 )
+from ._registry import Rewrite, register
 
 ROLES = ("to_q", "to_k", "to_v")
 
 
 def fuse_qkv(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
-    where, skipped = [], []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    for attention, projections in _attentions(gm.graph).items():
-        try:
-            group = _group(attention, projections)
-            heads = _heads(group)
-            _pack(gm.graph, group, heads, order)
-            where.append(attention)
-        except Skip as why:
-            skipped.append(note(attention, why))
-    finish(gm)
-    return report("qkv", where, skipped)
+
+    def fuse(attention: str, projections: dict[str, fx.Node]) -> None:
+        group = _group(attention, projections)
+        _pack(gm.graph, group, _heads(group), order)
+
+    attentions = _attentions(gm.graph).items()
+    return rewrite_each(gm, "qkv", ((a, partial(fuse, a, p)) for a, p in attentions))
+
+
+register(
+    Rewrite(
+        "qkv",
+        fuse_qkv,
+        "P.to_q/to_k/to_v linears on one input (to_k/to_v for cross-attention) -> one head-interleaved linear",
+        order=10,
+    )
+)
 
 
 def _attentions(graph: fx.Graph) -> dict[str, dict[str, fx.Node]]:

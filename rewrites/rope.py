@@ -17,11 +17,16 @@ Exactly equal: lane 2i of the flattened stack is the even value i and lane 2i+1 
 the ``.to`` is the same rounding the write into ``out`` did (the tables are float64 in diffusers, so
 the halves are float64 and ``out`` is x's dtype). The ``.to`` is left out when the dtypes agree.
 No scatter (setitem on a strided slice) and no ``empty_like`` remain for the partitioner.
+
+A hand matcher, not `rewrites._pattern`: the pattern is two in-place writes into a buffer, which no
+dataflow path from the output reaches (``torch.fx.subgraph_rewriter`` rejects a pattern whose nodes
+have no users), and it holds only if ``out`` is not read between the writes, an ordering condition.
 """
 
 from __future__ import annotations
 
 import operator
+from functools import partial
 
 import torch
 import torch.fx as fx
@@ -32,33 +37,38 @@ from ._core import (
     RewriteReport,
     Skip,
     calls,
-    finish,
     module_path,
-    note,
     replace,
-    report,
+    rewrite_each,
     shape,
     value,
 )
+from ._registry import Rewrite, register
 
 EVEN = (Ellipsis, slice(0, None, 2))
 ODD = (Ellipsis, slice(1, None, 2))
 
 
 def rope_without_scatter(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
-    where, skipped = [], []
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
-    for node in list(gm.graph.nodes):
-        if calls(node, torch.empty_like) and any(calls(u, operator.setitem) for u in node.users):
-            path = module_path(node)
-            try:
-                even, odd = _writes(node, order)
-                _rewrite(gm.graph, node, even, odd, order)
-                where.append(path)
-            except Skip as why:
-                skipped.append(note(path, why))
-    finish(gm)
-    return report("rope", where, skipped)
+
+    def unscatter(out: fx.Node) -> None:
+        _rewrite(gm.graph, out, *_writes(out, order), order)
+
+    buffers = [
+        n for n in gm.graph.nodes if calls(n, torch.empty_like) and any(calls(u, operator.setitem) for u in n.users)
+    ]
+    return rewrite_each(gm, "rope", ((module_path(n), partial(unscatter, n)) for n in buffers))
+
+
+register(
+    Rewrite(
+        "rope",
+        rope_without_scatter,
+        "out = empty_like(x); out[..., 0::2] = a; out[..., 1::2] = b -> stack([a, b], -1).flatten(-2)",
+        order=50,
+    )
+)
 
 
 def _writes(out: fx.Node, order: dict) -> tuple[fx.Node, fx.Node]:

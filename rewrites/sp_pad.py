@@ -29,6 +29,9 @@ that each block chunks on dim 1 into (B, L, D) modulations; it is padded on dim 
 the table alone: finite, and read only by padded rows). Exits are the region's values read outside it. Before
 touching the graph the pass re-runs every op of the stack on padded FakeTensors; if one rejects them
 (a hard-coded length), the graph is left unchanged and the reason reported.
+
+A hand matcher, not `rewrites._pattern`: what it rewrites is not a fixed subgraph but a region (every
+op of the block stack, however deep) chosen by shapes (which tensors carry L, at which dim).
 """
 
 from __future__ import annotations
@@ -54,6 +57,7 @@ from ._core import (
     report,
     value,
 )
+from ._registry import Rewrite, register
 
 BLOCK = re.compile(r"^(\w+_)?blocks\.\d+(\.|$)")  # every top-level block family: blocks.N, vace_blocks.N
 CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
@@ -73,6 +77,16 @@ def pad_tokens(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -
     plan.apply()
     finish(gm)
     return report("sp_pad", [module_path(n) for n in plan.self_attention], ())
+
+
+register(
+    Rewrite(
+        "sp_pad",
+        pad_tokens,
+        "the blocks.N stack when L % sp_multiple != 0 -> pad once at entry, key-mask self-attention, one cut at exit",
+        order=90,  # last: pads the graph the other passes produced
+    )
+)
 
 
 class _Plan:

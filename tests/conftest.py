@@ -223,21 +223,10 @@ def normalized_code(gm: fx.GraphModule) -> str:
 
 
 def tiny_dit(num_layers: int = 2):
-    from diffusers import WanTransformer3DModel
+    """The ``tiny`` DiT (wancompile.models), random weights seeded 0."""
+    from wancompile.models import build_transformer
 
-    torch.manual_seed(0)
-    return WanTransformer3DModel(
-        patch_size=(1, 2, 2),
-        num_attention_heads=4,
-        attention_head_dim=16,
-        in_channels=4,
-        out_channels=4,
-        text_dim=32,
-        freq_dim=16,
-        ffn_dim=96,
-        num_layers=num_layers,
-        rope_max_seq_len=32,
-    ).eval()
+    return build_transformer("tiny", num_layers=num_layers)
 
 
 def dit_graph(frames: int, height: int, width: int) -> tuple[fx.GraphModule, list]:

@@ -135,6 +135,17 @@ def _need(graph, mesh, name: str) -> int:
     raise AssertionError("a 1e-6 GB budget fitted")
 
 
+def test_without_hardware_plan_dit_prices_on_the_meshs_default_profile_as_plan_graph_does(single_graph):
+    from planner.autoplan import plan_graph
+    from planner.hardware import UnknownHardware, default_hardware
+
+    mesh = parse_mesh("2x2")
+    assert default_hardware(mesh) == "bh-quietbox"
+    assert plan_dit(single_graph, mesh).hardware == plan_graph(single_graph, mesh).hardware == "bh-quietbox"
+    with pytest.raises(UnknownHardware, match="unknown hardware profile 'wh-galaxyy'; choose one of"):
+        plan_dit(single_graph, mesh, "wh-galaxyy")
+
+
 def test_forcing_is_checked(pair_graph, single_graph):
     with pytest.raises(PlanError, match="batch is 1"):
         plan_dit(single_graph, parse_mesh("2x4"), "wh-loudbox", cfg_parallel="on")

@@ -88,6 +88,8 @@ def _tiny():
     from diffusers import WanTransformer3DModel
 
     torch.manual_seed(0)
+    # wancompile.models' "tiny" config, written out: importing wancompile here would decide the very
+    # order this test is about (the "xla-first" case must not have imported it)
     model = WanTransformer3DModel(
         patch_size=(1, 2, 2),
         num_attention_heads=4,

@@ -38,6 +38,19 @@ def test_pass_names_are_the_public_list():
     assert PASS_NAMES == ("qkv", "rmsnorm", "conv1x1", "patch_embed", "rope", "sp_pad")
 
 
+def test_the_run_order_is_data_and_a_dependency_that_would_run_later_is_refused():
+    from rewrites import REWRITES
+    from rewrites._registry import Rewrite, ordered
+
+    assert {r.name: r.after for r in REWRITES if r.after} == {"patch_embed": ("conv1x1",)}
+    assert [r.name for r in REWRITES] == sorted(
+        PASS_NAMES, key=lambda n: next(r.order for r in REWRITES if r.name == n)
+    )
+    first, second = Rewrite("first", None, "", order=10, after=("second",)), Rewrite("second", None, "", order=20)
+    with pytest.raises(ValueError, match="'first' must run after 'second': give 'second' an order below 10"):
+        ordered([first, second])
+
+
 def test_unknown_pass_name_is_rejected_with_the_valid_names(dit):
     gm, _ = dit
     with pytest.raises(ValueError, match="valid names are qkv, rmsnorm, conv1x1, patch_embed, rope, sp_pad"):

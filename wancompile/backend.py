@@ -196,11 +196,11 @@ def rewrite_graph(
     hardware's tile. Returns the graph and the records a plan made for it carries."""
     if not rewrites:
         return gm, ()
-    from planner.hardware import get_profile
+    from planner.hardware import resolve_hardware
     from rewrites import RewriteContext, apply_rewrites
 
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
-    tile = get_profile(hardware or default_hardware(mesh)).tile
+    tile = resolve_hardware(hardware, mesh).tile
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
     gm, reports = apply_rewrites(gm, rewrites, RewriteContext(sp_multiple=sp * tile))
     gm.recompile()
@@ -356,12 +356,12 @@ def solve(
     graph, the DiT planner's for a Wan DiT graph (with padded-head options where `padder` is
     given), else replicated (`replicated_plan`)."""
     from planner.cfg import plan_dit
-    from planner.hardware import get_profile
+    from planner.hardware import resolve_hardware
     from planner.targets import get_target
     from planner.vae_plan import is_vae_graph, plan_vae
 
     # priced as the target compiles: what its partitioner cannot lower is priced out (Target.profile)
-    profile = get_target(opts.resolved_target).profile(get_profile(opts.hardware or default_hardware(mesh)))
+    profile = get_target(opts.resolved_target).profile(resolve_hardware(opts.hardware, mesh))
     if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
         if opts.cfg_parallel == "on":
             log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")

@@ -28,6 +28,7 @@ import torch
 import torch.fx as fx
 
 from planner.graph import BlockFamily, Graph, Location, Node, TensorMeta
+from rewrites._core import stack_path as module_path  # the one reading of an nn_module_stack entry
 
 _PLACEHOLDER_KINDS = ("modules", "parameters", "buffers")
 
@@ -60,16 +61,6 @@ def input_name(placeholder_target: str) -> str:
     name = re.sub(r"^L_", "", placeholder_target).rstrip("_")
     m = re.match(r"^(args|kwargs)_(.*)$", name)
     return f"{m.group(1)}.{m.group(2)}" if m else name
-
-
-def module_path(stack_entry: str) -> str:
-    """``L['self']._modules['blocks']._modules['1'].attn2.to_k`` -> ``blocks.1.attn2.to_k``."""
-    s = re.sub(r"^L\['(?:self|fn)'\]", "", stack_entry)
-    s = re.sub(r"^L__(?:self|fn)__", "", s)
-    s = re.sub(r"\._modules\['([^']*)'\]", r".\1", s)
-    s = re.sub(r"\['([^']*)'\]", r".\1", s)
-    s = re.sub(r"getattr\(([^,]*), '([^']*)'\)", r"\1.\2", s)
-    return s.lstrip(".")
 
 
 # --- values ----------------------------------------------------------------------------------------

@@ -68,6 +68,8 @@ def _number(what: str, *, positive: bool):
 
 
 def _parser() -> argparse.ArgumentParser:
+    from rewrites import PASS_NAMES
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr"
@@ -127,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rewrites",
         default="none",
         help="graph rewrites to run before planning, as the backend's `rewrites` option: 'all', 'none' "
-        "(default) or a comma-separated list of qkv, rmsnorm, conv1x1, patch_embed, rope, sp_pad",
+        f"(default) or a comma-separated list of {', '.join(PASS_NAMES)}",
     )
     plan.add_argument(
         "--preset",
@@ -204,7 +206,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def _check_plan_args(args: argparse.Namespace):
     """Every value `plan` needs, checked before anything slow runs: (model spec, mesh, hardware)."""
-    from planner.hardware import default_hardware, get_profile
+    from planner.hardware import UnknownHardware, resolve_hardware
     from planner.mesh import MeshError, parse_mesh
     from wancompile.models import get_model
 
@@ -220,11 +222,11 @@ def _check_plan_args(args: argparse.Namespace):
         mesh = parse_mesh(args.mesh)
     except MeshError as e:
         raise UsageError(f"--mesh: {e}") from None
-    args.hardware = args.hardware or default_hardware(mesh)
     try:
-        hw = get_profile(args.hardware)
-    except ValueError as e:
+        hw = resolve_hardware(args.hardware, mesh)
+    except UnknownHardware as e:
         raise UsageError(f"--hardware: {e}") from None
+    args.hardware = hw.name
     native = "x".join(map(str, hw.mesh_shape))
     if mesh.size > math.prod(hw.mesh_shape):
         raise UsageError(

@@ -343,22 +343,20 @@ class _BudgetedDecode:
         self.splits: dict[tuple, tuple[int, int]] = {}  # latent shape -> the plan's (H, W) split, once planned
 
     def budget_bytes(self) -> int:
-        from planner.hardware import get_profile
+        from planner.hardware import resolve_hardware
         from wancompile.options import Options
 
         opts = Options.from_user(self.opts)
         if opts.memory_gb is not None:
             budget = opts.memory_gb * 1e9
         else:
-            from wancompile.backend import default_hardware
-
             mesh = opts.mesh
             if opts.hardware is None and mesh is None:
                 from planner.mesh import MeshSpec
                 from wancompile import runtime
 
                 mesh = MeshSpec((1, runtime.device_count()), ("batch", "model"))
-            budget = float(get_profile(opts.hardware or default_hardware(mesh)).dram_bytes)
+            budget = float(resolve_hardware(opts.hardware, mesh).dram_bytes)
         return int(budget - resident_weight_bytes(self.state.programs()))
 
     def choose(self, z: torch.Tensor, split: tuple[int, int] = (1, 1)) -> Optional[int]:

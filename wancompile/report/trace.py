@@ -27,7 +27,7 @@ from typing import Any, Optional
 
 from planner.cfg import plan_profile
 from planner.graph import Graph, Node, TensorMeta
-from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.hardware import HardwareProfile, resolve_hardware
 from planner.placements import Layout
 from planner.plan import Plan, spec_to_json
 from planner.propagate import evaluate
@@ -68,11 +68,7 @@ def trace_plan(
     graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *, num_blocks: Optional[int] = None
 ) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
-    hw = (
-        hardware
-        if isinstance(hardware, HardwareProfile)
-        else get_profile(hardware or plan.hardware or default_hardware(plan.mesh))
-    )
+    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     graph = dit_graph(graph)  # as the planner read it: stacks that are not transformer blocks, op by op
     st = find_structure(graph)
