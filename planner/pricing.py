@@ -14,7 +14,8 @@ lists their options; this module prices them the same way for both:
 - `weight_bytes`: per-device parameter bytes of a whole DiT under a plan's parameter specs;
 - `reshard_seconds`: the price of a stream value moving between two layouts (an ILP edge);
 - `collectives`: the plan's collective list from counted events (one `Collective` per kind, axes,
-  bytes and place; axes in mesh order, as the HLO's replica groups name them).
+  bytes and place; axes in mesh order, as the HLO's replica groups name them); `bill`: that list
+  and its seconds (a plan's communication term).
 """
 
 from __future__ import annotations
@@ -120,6 +121,13 @@ def collectives(events: Counter, mesh: MeshSpec) -> tuple[Collective, ...]:
         Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
         for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
     )
+
+
+def bill(events: Counter, mesh: MeshSpec, hw: HardwareProfile) -> tuple[tuple[Collective, ...], float]:
+    """A plan's collectives from its counted events (`collectives`) and their seconds per run: the
+    communication term of its predicted time (no overlap)."""
+    out = collectives(events, mesh)
+    return out, sum(collective_seconds(c.kind, c.bytes, c.axes, mesh, hw) * c.count for c in out)
 
 
 def weight_bytes(graph: Graph, st, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:
