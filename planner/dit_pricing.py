@@ -26,7 +26,7 @@ from planner.propagate import Evaluation, evaluate
 from planner.strategies import Strategy
 
 
-class DitPricing:
+class DitPricing(pricing.MacroPricing):
     """Pricing of the DiT's options and stream edges (see the module docstring)."""
 
     def _base_layouts(self) -> dict:
@@ -115,23 +115,13 @@ class DitPricing:
             if any(stream[x].dims) and readers:  # as `_family_entries` pins it: whole, split by its projection
                 forced.update({u.name: stream[x] for u in readers if u.name in m.nodes})
                 stream[x] = self.lift(x, Layout.replicated(len(self.g[x].out.shape)))
-        return pricing.evaluate_option(
-            self.g,
-            m.nodes,
-            self.mesh,
-            self.hw,
-            params=s.params,
-            stream=stream,
-            forced=forced,
-            values=self.vals,
-            base=self.base,
-            target=self.target if priced else None,
-        )
+        target = self.target if priced else None
+        return self.evaluate_macro(m, params=s.params, stream=stream, forced=forced, base=self.base, target=target)
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
         """Per-device bytes of the macro's parameters under `s`, for all its repetitions; with padded
         heads also the padded copies the fold program keeps beside them."""
-        one = pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
+        one = self.macro_param_bytes(m, s.params)
         one += padded_copy_bytes(self.g, m, s, self.mesh, self.vals)
         return one * self.reps(m) * self.copies
 

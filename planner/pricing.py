@@ -4,7 +4,8 @@ A model family (`planner.autoplan` for the DiT, `planner.vae_plan` for the VAE) 
 lists their options; this module prices them the same way for both:
 
 - `evaluate_option`: the op rules run over a macro's ops under one option (its parameter layouts,
-  the layouts of the stream values it reads, the constraints it places);
+  the layouts of the stream values it reads, the constraints it places); `MacroPricing`: it and
+  `param_bytes` in a family's setting (graph, mesh, hardware, dim values), the families' mixin;
 - `param_bytes`: per-device bytes of a macro's parameters under an option's layouts;
 - `activation_bytes`: the memory model's activation estimate, ``ACTIVATION_FACTOR`` × the largest
   per-op live set of the option's ops (`planner.propagate.Evaluation.peak_bytes`; the factor is
@@ -73,6 +74,21 @@ def evaluate_option(
         halo=halo,
         target=target,
     )
+
+
+class MacroPricing:
+    """Pricing in a family's setting: a mixin of a model family holding its graph ``g``, ``mesh``,
+    hardware ``hw`` and symbolic dim ``vals``."""
+
+    def evaluate_macro(self, m, *, params: Mapping[str, Layout], stream: Mapping[str, Layout], **how) -> Evaluation:
+        """`evaluate_option` of macro `m`'s ops (`how`: its ``forced``, ``base``, ``halo``, ``target``)."""
+        return evaluate_option(
+            self.g, m.nodes, self.mesh, self.hw, params=params, stream=stream, values=self.vals, **how
+        )
+
+    def macro_param_bytes(self, m, layouts: Mapping[str, Layout]) -> float:
+        """`param_bytes` of macro `m`'s parameters under `layouts`."""
+        return param_bytes(self.g, m.params, layouts, self.mesh, self.vals)
 
 
 def local_bytes(meta: TensorMeta, layout: Optional[Layout], mesh: MeshSpec, values: Mapping[str, int]) -> float:

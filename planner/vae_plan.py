@@ -36,7 +36,7 @@ from planner.vae_strategies import PRESETS, VaeStrategy, macro_strategies, spans
 __all__ = ["VaeFamily", "find_macros", "halo_convs", "is_vae_graph", "plan_vae"]
 
 
-class VaeFamily:
+class VaeFamily(pricing.MacroPricing):
     """The VAE decode as a model family of `planner.engine`: its macros (`find_macros`, identical
     residual blocks sharing one group), their options priced by the op rules, the stream edges;
     its decisions and its plan."""
@@ -75,20 +75,10 @@ class VaeFamily:
 
     def evaluate(self, m: Macro, s: VaeStrategy) -> Evaluation:
         stream = {x: stream_layout(s.key, self.g[x].out) for x in self.crossing(m)}
-        return pricing.evaluate_option(
-            self.g,
-            m.nodes,
-            self.mesh,
-            self.hw,
-            params=s.params,
-            stream=stream,
-            forced=s.forced,
-            values=self.vals,
-            halo=self.halo,
-        )
+        return self.evaluate_macro(m, params=s.params, stream=stream, forced=s.forced, halo=self.halo)
 
     def param_bytes(self, m: Macro, s: VaeStrategy) -> float:
-        return pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
+        return self.macro_param_bytes(m, s.params)
 
     def reshard_seconds(self, tensor: str, k: tuple, l: tuple) -> float:
         meta = self.g[tensor].out
