@@ -15,7 +15,6 @@ from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
 from planner import engine, pricing
-from planner.cost_model import collective_seconds
 from planner.graph import Graph
 from planner.packing import packed_operand
 from planner.padding import padded_copy_bytes
@@ -111,8 +110,7 @@ class DitAssembly:
             sliced = sliced_first(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh)
             if sliced:
                 self._scatter_into_slice(events, a, sliced, chosen, evals, times)
-        collectives = pricing.collectives(events, self.mesh)
-        comm = sum(collective_seconds(c.kind, c.bytes, c.axes, self.mesh, self.hw) * c.count for c in collectives)
+        collectives, comm = pricing.bill(events, self.mesh, self.hw)
         comm -= self._ring_hidden_seconds(chosen)  # a ring's transfers under its attention compute cost nothing
         params = self._params(chosen, solution.twins)
         stack = self.st.block_macros + self.st.family_macros

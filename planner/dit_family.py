@@ -26,10 +26,11 @@ from planner.dit_pricing import DitPricing
 from planner.dit_problem import PRESETS, DitProblem, _RingOption
 from planner.graph import Graph
 from planner.hardware import HardwareProfile
+from planner.macros import Macro
 from planner.mesh import MeshSpec
 from planner.padding import PadHeads, needs_padding, pad_targets
 from planner.plan import Exclusion, HeadPadding, PlanError
-from planner.strategies import Macro, Strategy, dit_graph, family_strategies, find_structure
+from planner.strategies import Strategy, dit_graph, family_strategies, find_structure
 from planner.targets import get_target
 
 

@@ -16,16 +16,17 @@ from dataclasses import replace as dc_replace
 from planner import pricing
 from planner.cost_model import to_ns
 from planner.ilp import Edge
+from planner.macros import Macro, crossing, stream_edges
 from planner.padding import padded_copy_bytes
 from planner.placements import Layout, as_number
 from planner.plan import (
     PlanError,
 )
 from planner.propagate import Evaluation, evaluate
-from planner.strategies import Macro, Strategy
+from planner.strategies import Strategy
 
 
-class DitPricing:
+class DitPricing(pricing.MacroPricing):
     """Pricing of the DiT's options and stream edges (see the module docstring)."""
 
     def _base_layouts(self) -> dict:
@@ -96,18 +97,13 @@ class DitPricing:
         return self.n if m.in_block and not m.family else 1
 
     def crossing(self, m: Macro) -> list[str]:
-        inside = set(m.nodes)
+        """The stream values `m` reads (`planner.macros.crossing`): (B, L, D) values of the blocks, the
+        stack's entry or a further family's entries."""
         shape = self.g[self.st.entry].out.shape
-        entries = {x for f in self.st.families for x in f.entries}
-        out = []
-        for x in m.nodes:
-            for i in self.g[x].inputs:
-                src = self.g[i]
-                if i in inside or src.is_param or not src.outputs or src.out.shape != shape:
-                    continue
-                if (i == self.st.entry or i in entries or src.block is not None) and i not in out:
-                    out.append(i)
-        return out
+        entries = {self.st.entry} | self.family_entries()
+        return crossing(
+            self.g, m, lambda src: src.out.shape == shape and (src.name in entries or src.block is not None)
+        )
 
     def eval_macro(self, m: Macro, s: Strategy, priced: bool = False) -> Evaluation:
         """The option's evaluation: in GSPMD's collectives (what the plan records), or with `priced` in
@@ -119,23 +115,13 @@ class DitPricing:
             if any(stream[x].dims) and readers:  # as `_family_entries` pins it: whole, split by its projection
                 forced.update({u.name: stream[x] for u in readers if u.name in m.nodes})
                 stream[x] = self.lift(x, Layout.replicated(len(self.g[x].out.shape)))
-        return pricing.evaluate_option(
-            self.g,
-            m.nodes,
-            self.mesh,
-            self.hw,
-            params=s.params,
-            stream=stream,
-            forced=forced,
-            values=self.vals,
-            base=self.base,
-            target=self.target if priced else None,
-        )
+        target = self.target if priced else None
+        return self.evaluate_macro(m, params=s.params, stream=stream, forced=forced, base=self.base, target=target)
 
     def param_bytes(self, m: Macro, s: Strategy) -> float:
         """Per-device bytes of the macro's parameters under `s`, for all its repetitions; with padded
         heads also the padded copies the fold program keeps beside them."""
-        one = pricing.param_bytes(self.g, m.params, s.params, self.mesh, self.vals)
+        one = self.macro_param_bytes(m, s.params)
         one += padded_copy_bytes(self.g, m, s, self.mesh, self.vals)
         return one * self.reps(m) * self.copies
 
@@ -206,15 +192,13 @@ class DitPricing:
                 if src != m.name:
                     crossings.setdefault((src, m.name), []).append(x)
         crossings.setdefault((last, first), []).append(self.st.block_output)
-        once = self.family_crossings()
         keys = {m.name: {s.stream for s in tables[m.name]} for m in macros + self.st.family_macros}
-        out = []
-        for (a, b), tensors in list(crossings.items()) + list(once.items()):
-            cost = {
-                (k, l): to_ns(sum(self.reshard_seconds(t, k, l) for t in tensors)) for k in keys[a] for l in keys[b]
-            }
-            out.append(Edge(a, b, self.n if (a, b) in crossings else 1, cost))
-        return out
+
+        def price(tensors, k, l) -> int:
+            return to_ns(sum(self.reshard_seconds(t, k, l) for t in tensors))
+
+        # the main stack's edges run once per block, the further families' once per forward
+        return stream_edges(crossings, keys, price, self.n) + stream_edges(self.family_crossings(), keys, price)
 
     def family_crossings(self) -> dict[tuple[str, str], list[str]]:
         """Stream values crossing into, out of or within the further families, each once per forward:

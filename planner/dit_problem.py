@@ -10,19 +10,19 @@ A mixin of `planner.dit_family.DitFamily`: its methods read the family's state (
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from planner import engine, pricing
 from planner.cost_model import to_ns
 from planner.ilp import Group, Option
+from planner.macros import Macro, restrict
 from planner.plan import (
     Exclusion,
     PlanError,
 )
 from planner.propagate import Evaluation
 from planner.ring import RingPrice, ring_evaluation
-from planner.strategies import Macro, Strategy, ring_variant
+from planner.strategies import Strategy, ring_variant
 from planner.targets import get_target
 
 PRESETS = ("auto", "tt-xla")  # `plan_graph`'s presets: the solver decides, or the seed's hand plan
@@ -44,11 +44,10 @@ class DitProblem:
             rings = self._ring_options(m, opts)
             if get_target(self.target_name).ring_attention:
                 opts = opts + [r for r, _ in rings]
-            if m.name in self.only:
+            if m.name in self.only:  # none kept: `engine.check_options` says so
                 pattern = self.only[m.name]
-                kept = [s for s in opts if re.search(pattern, s.name)]  # none kept: `engine.check_options` says so
-                why = why + [Exclusion(s.name, f"restricted by only={pattern!r}") for s in opts if s not in kept]
-                opts = kept
+                opts, left = restrict(opts, [pattern], f"restricted by only={pattern!r}")
+                why = why + left
             options = []
             priced_rings = self._price_rings(m, rings, opts, evals, first)
             for s in opts:

@@ -8,7 +8,9 @@ option owns, the solver's hint and the evaluation of every option. `plan` solves
 the per-device budget (`planner.ilp`, whose docstring states the model), turns a failed solve into
 the user's error — the smallest budget that does plan is found here, the family words the advice —
 and hands the `Solution` back to the family to explain (typed `Decision`s, `planner.explain`) and
-to assemble (the `Plan`).
+to assemble (the `Plan`). What a family does with its macros the same way as the other is written
+once beside the engine: `planner.macros` (the `Macro`, the values crossing into one, the stream
+edges, the preset filter) and `planner.pricing` (an option's evaluation, the plan's bill).
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ A model family (`planner.autoplan` for the DiT, `planner.vae_plan` for the VAE) 
 lists their options; this module prices them the same way for both:
 
 - `evaluate_option`: the op rules run over a macro's ops under one option (its parameter layouts,
-  the layouts of the stream values it reads, the constraints it places);
+  the layouts of the stream values it reads, the constraints it places); `MacroPricing`: it and
+  `param_bytes` in a family's setting (graph, mesh, hardware, dim values), the families' mixin;
 - `param_bytes`: per-device bytes of a macro's parameters under an option's layouts;
 - `activation_bytes`: the memory model's activation estimate, ``ACTIVATION_FACTOR`` × the largest
   per-op live set of the option's ops (`planner.propagate.Evaluation.peak_bytes`; the factor is
@@ -14,7 +15,8 @@ lists their options; this module prices them the same way for both:
 - `weight_bytes`: per-device parameter bytes of a whole DiT under a plan's parameter specs;
 - `reshard_seconds`: the price of a stream value moving between two layouts (an ILP edge);
 - `collectives`: the plan's collective list from counted events (one `Collective` per kind, axes,
-  bytes and place; axes in mesh order, as the HLO's replica groups name them).
+  bytes and place; axes in mesh order, as the HLO's replica groups name them); `bill`: that list
+  and its seconds (a plan's communication term).
 """
 
 from __future__ import annotations
@@ -74,6 +76,21 @@ def evaluate_option(
     )
 
 
+class MacroPricing:
+    """Pricing in a family's setting: a mixin of a model family holding its graph ``g``, ``mesh``,
+    hardware ``hw`` and symbolic dim ``vals``."""
+
+    def evaluate_macro(self, m, *, params: Mapping[str, Layout], stream: Mapping[str, Layout], **how) -> Evaluation:
+        """`evaluate_option` of macro `m`'s ops (`how`: its ``forced``, ``base``, ``halo``, ``target``)."""
+        return evaluate_option(
+            self.g, m.nodes, self.mesh, self.hw, params=params, stream=stream, values=self.vals, **how
+        )
+
+    def macro_param_bytes(self, m, layouts: Mapping[str, Layout]) -> float:
+        """`param_bytes` of macro `m`'s parameters under `layouts`."""
+        return param_bytes(self.g, m.params, layouts, self.mesh, self.vals)
+
+
 def local_bytes(meta: TensorMeta, layout: Optional[Layout], mesh: MeshSpec, values: Mapping[str, int]) -> float:
     return as_number(numel(local_shape(meta.shape, layout, mesh)), dict(values)) * meta.itemsize
 
@@ -120,6 +137,13 @@ def collectives(events: Counter, mesh: MeshSpec) -> tuple[Collective, ...]:
         Collective(kind, tuple(sorted(axes, key=order.get)), nbytes, count, where)
         for (kind, axes, nbytes, where), count in sorted(events.items(), key=lambda kv: kv[0][3])
     )
+
+
+def bill(events: Counter, mesh: MeshSpec, hw: HardwareProfile) -> tuple[tuple[Collective, ...], float]:
+    """A plan's collectives from its counted events (`collectives`) and their seconds per run: the
+    communication term of its predicted time (no overlap)."""
+    out = collectives(events, mesh)
+    return out, sum(collective_seconds(c.kind, c.bytes, c.axes, mesh, hw) * c.count for c in out)
 
 
 def weight_bytes(graph: Graph, st, specs: Mapping, mesh: MeshSpec, values, num_blocks: int, copies: int) -> float:

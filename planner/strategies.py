@@ -53,30 +53,11 @@ from dataclasses import replace as dc_replace
 from typing import Optional
 
 from planner.graph import Graph, Node
+from planner.macros import Macro
 from planner.mesh import MeshSpec
-from planner.packing import Packed, is_padded, packed_operand, padded_source_layouts, source_layouts
+from planner.packing import is_padded, packed_operand, padded_source_layouts, source_layouts
 from planner.placements import Guard, Layout, divides, shard_count
 from planner.plan import Exclusion
-
-
-@dataclass(frozen=True)
-class Macro:
-    name: str  # "attn1" for block macros (relative to the block), module path for root ones
-    kind: str  # attention | mlp
-    module: str  # module path in the captured graph
-    in_block: bool
-    nodes: tuple[str, ...]  # ops of the macro plus the glue assigned to it, graph order
-    params: tuple[str, ...]  # placeholder node names it reads
-    linears: tuple[str, ...]  # linear node names, graph order
-    width: int  # heads (attention) or hidden features (mlp)
-    self_attention: bool = False
-    sdpa: Optional[str] = None
-    qkv: tuple[str, ...] = ()  # the linear producing each of SDPA's q, k, v (one linear twice when fused)
-    kv: tuple[str, ...] = ()  # the linears producing the K and V of every SDPA (I2V: text and image)
-    packed: tuple[Packed, ...] = ()  # weights/biases the macro's linears read packed from parameters
-    family: str = ""  # a further block family's prefix (``vace_blocks``): the macro spans its blocks
-    parts: tuple["Macro", ...] = ()  # that family's per-block macros, one per captured block
-
 
 Stream = tuple[tuple[str, ...], tuple[str, ...]]  # (axes splitting the stream's tokens, its hidden dim)
 
@@ -259,13 +240,13 @@ def _family(graph: Graph, prefix: str, roots: list[str], of: dict[str, str], nod
             Macro(
                 f"{prefix}.*.{c}",
                 parts[0].kind,
-                f"{prefix}.*.{c}",
-                True,
                 tuple(x for p in parts for x in p.nodes),
                 tuple(x for p in parts for x in p.params),
-                tuple(x for p in parts for x in p.linears),
-                parts[0].width,
-                parts[0].self_attention,
+                module=f"{prefix}.*.{c}",
+                in_block=True,
+                linears=tuple(x for p in parts for x in p.linears),
+                width=parts[0].width,
+                self_attention=parts[0].self_attention,
                 family=prefix,
                 parts=parts,
             )
@@ -400,10 +381,24 @@ def _macro(graph: Graph, name: str, module: str, in_block: bool, ns: list[Node])
         q, k = graph[qkv[0]], graph[qkv[1]]
         self_attn = q.inputs[0] == k.inputs[0]
         return Macro(
-            name, "attention", module, in_block, nodes, params, linears, heads, self_attn, sdpa.name, qkv, kv, packed
+            name,
+            "attention",
+            nodes,
+            params,
+            module=module,
+            in_block=in_block,
+            linears=linears,
+            width=heads,
+            self_attention=self_attn,
+            sdpa=sdpa.name,
+            qkv=qkv,
+            kv=kv,
+            packed=packed,
         )
     width = int(graph[linears[0]].out.shape[-1])
-    return Macro(name, "mlp", module, in_block, nodes, params, linears, width, packed=packed)
+    return Macro(
+        name, "mlp", nodes, params, module=module, in_block=in_block, linears=linears, width=width, packed=packed
+    )
 
 
 def _producing_linear(graph: Graph, name: str, inside: set[str], module: str) -> str:
