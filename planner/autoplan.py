@@ -25,7 +25,7 @@ from planner.dit_family import DitFamily
 from planner.dit_problem import PRESETS
 from planner.forward import Forward, evaluate_forward, price_plan
 from planner.graph import Graph
-from planner.hardware import HardwareProfile, default_hardware, get_profile
+from planner.hardware import HardwareProfile, resolve_hardware
 from planner.mesh import MeshSpec
 from planner.padding import PadHeads
 from planner.plan import Plan, PlanError
@@ -99,7 +99,7 @@ def plan_graph(
             minimise-memory solve), ``meshes`` the larger system meshes that would plan within it.
         SolverTimeout: the solver hit ``time_limit_s`` before finding any plan.
     """
-    hw = get_target(target).profile(_profile(hardware, mesh))  # what the target cannot lower, priced out
+    hw = get_target(target).profile(resolve_hardware(hardware, mesh))  # what the target cannot lower, priced out
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
     family = DitFamily(
@@ -123,10 +123,3 @@ def plan_graph(
     return engine.plan(family, budget, time_limit_s).with_(target=target)
 
 
-def _profile(hardware, mesh: MeshSpec) -> HardwareProfile:
-    if isinstance(hardware, HardwareProfile):
-        return hardware
-    try:
-        return get_profile(hardware or default_hardware(mesh))
-    except ValueError as e:
-        raise PlanError(str(e)) from None
