@@ -51,7 +51,8 @@ def test_export_module_reads_like_the_seed(tmp_path, tiny_capture):
     assert "    'attn1.to_q.weight': ('model', None),\n" in text
     assert "    'attn1.to_out.0.weight': (None, 'model'),\n" in text
     assert (
-        "    ('', 'contiguous', 0, 0, (None, 'batch', None)),  # SP: tokens sharded at the block-stack entry\n" in text
+        "    ('', 'contiguous', 0, 0, (None, 'batch', None)),  # block-stack entry: tokens split over the SP axes"
+        in text
     )
     namespace: dict = {}
     exec(compile(text.replace("import torch_xla.distributed.spmd as xs", "xs = None"), "plan.py", "exec"), namespace)
