@@ -14,14 +14,20 @@ nodes keep both meta fields, so capture reads the rewritten graph like the origi
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from typing import Sequence, Union
 
 import torch.fx as fx
 
-# Importing a pass module registers its passes (the order they run in is their `Rewrite.order`).
-from . import conv, qkv, rmsnorm, rope, sp_pad  # noqa: F401
 from ._core import RewriteContext, RewriteReport
 from ._registry import Pass, Rewrite, ordered
+
+# Every pass module registers its passes on import (the order they run in is their `Rewrite.order`): a new
+# rewrite is one file here, nothing to list
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["PASS_NAMES", "PASSES", "REWRITES", "Rewrite", "RewriteContext", "RewriteReport", "apply_rewrites"]
 

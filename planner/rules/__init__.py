@@ -165,6 +165,10 @@ _LOADED = False
 def _load() -> None:
     global _LOADED
     if not _LOADED:
-        from planner.rules import attention, conv, index, matmul, norm, pointwise, resample, view  # noqa: F401  (registration)
+        import importlib
+        import pkgutil
+
+        for module in pkgutil.iter_modules(__path__):  # every op-family module registers its rules on import
+            importlib.import_module(f"{__name__}.{module.name}")
 
         _LOADED = True
