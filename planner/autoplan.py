@@ -121,5 +121,3 @@ def plan_graph(
     )
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     return engine.plan(family, budget, time_limit_s).with_(target=target)
-
-
