@@ -19,6 +19,7 @@ import contextvars
 import fnmatch
 import logging
 import re
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -36,7 +37,18 @@ from wancompile.verify import VerificationError, check_finite_inputs, numerics, 
 
 log = logging.getLogger("wancompile")
 
-_RECENT: list = []  # the last programs compiled in this process, newest last (for inspection)
+_RECENT: list = []  # the last programs compiled in this process, newest last: read through `recent_programs`
+
+
+class Component(str, Enum):
+    """What a captured graph is, as the backend recognises it (`ShardedProgram.kind`); the value is the
+    model name its plan carries."""
+
+    DIT = "wan-dit"  # a Wan DiT forward (repeated attention blocks)
+    VAE = "wan-vae"  # a Wan VAE decode
+    GRAPH = "graph"  # anything else: runs replicated
+
+
 # True while a caller that can run a CFG pair as two batch-1 forwards instead (compile_pipeline's `CFGBatched`)
 # calls its batch-2 forward: the planner may then choose ``sequential`` (planner.cfg.CfgSequential is raised)
 CFG_PAIR_SPLITTABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("wancompile_cfg_pair", default=False)
@@ -59,9 +71,9 @@ def last_program():
     return _RECENT[-1]
 
 
-def recent_programs() -> list:
-    """The programs compiled in this process, oldest first (the last eight)."""
-    return list(_RECENT)
+def recent_programs(kind: Optional[Component] = None) -> list:
+    """The programs compiled in this process, oldest first (the last eight); of one `Component` if `kind`."""
+    return [p for p in _RECENT if kind is None or p.kind is kind]
 
 
 def wan_autoshard(
@@ -90,11 +102,13 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
     model = _model_name(gm)
     gm, records = rewrite_graph(gm, mesh, opts.rewrites, opts.hardware)
-    if model == "wan-vae":  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
+    if (
+        model is Component.VAE
+    ):  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
         from wancompile.vae.legalize import fold_conv_padding
 
         gm, _ = fold_conv_padding(gm)
-    graph = annotate(gm, model=model)
+    graph = annotate(gm, model=model.value)
     padder = HeadPadder(gm, graph)
     try:
         plan = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
@@ -128,12 +142,11 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         if target.pinned:  # the partitioner may choose nothing the plan decided (planner.pins)
             plan = pin_layouts(graph, plan, plan.hardware or opts.hardware or default_hardware(plan.mesh))
         xmesh = mesh_for_plan(mesh_obj, plan.mesh)  # CFG split: 3-D view
-        program = ShardedProgram(gm, graph, plan, xmesh)
+        program = ShardedProgram(gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model)
         if opts.dump_dir is not None and target.name == "tt-mlir":
             from wancompile.tt.export import ShardyExport
 
             program.stablehlo_sink = ShardyExport(opts.dump_dir, program_name(plan), plan, xmesh, specs=program.specs)
-        program.verification = None
         _RECENT.append(program)
         del _RECENT[:-8]
         log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
@@ -250,14 +263,11 @@ def _start_runtime(opts: Options) -> None:
     runtime.require_spmd()
 
 
-def _model_name(gm: fx.GraphModule) -> str:
-    if any("decoder_modules_conv_in" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder"):
-        return "wan-vae"
-    return (
-        "wan-dit"
-        if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
-        else "graph"
-    )
+def _model_name(gm: fx.GraphModule) -> Component:
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    if any("decoder_modules_conv_in" in t for t in targets):
+        return Component.VAE
+    return Component.DIT if any("blocks_modules_0" in t for t in targets) else Component.GRAPH
 
 
 class HeadPadder:
