@@ -19,6 +19,8 @@ import contextvars
 import fnmatch
 import logging
 import re
+import time
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
@@ -62,6 +64,17 @@ def cfg_pair_splittable(flag: bool = True):
         yield
     finally:
         CFG_PAIR_SPLITTABLE.reset(token)
+
+
+@dataclass(frozen=True)
+class CompileTimes:
+    """Where a graph's compile went, in seconds (`ShardedProgram.compile_times`): planning (solving, or
+    reading a saved or cached plan) and lowering (legalize, constraints, fold split). Dynamo's capture
+    comes before and XLA's compile after (the program's first call)."""
+
+    plan_s: float
+    lower_s: float
+    plan_cached: bool  # the plan came from the plan cache (`wancompile.cache`)
 
 
 def last_program():
@@ -110,10 +123,12 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         gm, _ = fold_conv_padding(gm)
     graph = annotate(gm, model=model.value)
     padder = HeadPadder(gm, graph)
+    started = time.perf_counter()
     try:
-        plan = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
+        plan, cached = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
     except InfeasiblePlanError as e:
         raise _with_rewrites(e, records) from None
+    plan_s = time.perf_counter() - started
     unpadded = graph
     gm, graph = padder.graphs(plan.head_padding)  # the graph the plan names: heads padded where it chose
     if isinstance(opts.plan, Path):
@@ -141,8 +156,10 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         target = get_target(plan.target)
         if target.pinned:  # the partitioner may choose nothing the plan decided (planner.pins)
             plan = pin_layouts(graph, plan, plan.hardware or opts.hardware or default_hardware(plan.mesh))
+        started = time.perf_counter()
         xmesh = mesh_for_plan(mesh_obj, plan.mesh)  # CFG split: 3-D view
         program = ShardedProgram(gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model)
+        program.compile_times = CompileTimes(plan_s, time.perf_counter() - started, cached)
         if opts.dump_dir is not None and target.name == "tt-mlir":
             from wancompile.tt.export import ShardyExport
 
@@ -163,7 +180,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
                 "break; plan without the `plan` option (or save one per resolution)"
             )
-        new = solve(unpadded, mesh, opts, values, padder)
+        new, _ = cached_solve(unpadded, mesh, opts, values, padder)
         if new.head_padding != plan.head_padding:
             raise PlanError(
                 f"re-planning for sizes {values} changed the padded attention heads ({plan.head_padding or 'none'} -> "
@@ -260,6 +277,10 @@ def _start_runtime(opts: Options) -> None:
         runtime.ensure_cpu_devices(opts.mesh.size if opts.mesh is not None else None, log)
         if opts.dump_dir and not runtime.current_dump_dir():
             runtime.configure(dump_dir=opts.dump_dir / "hlo")
+        if opts.cache_dir is not None:
+            from wancompile.cache import start_xla_cache
+
+            start_xla_cache(opts.cache_dir)
     runtime.require_spmd()
 
 
@@ -315,11 +336,12 @@ def _plan_for(
     opts: Options,
     values: Optional[dict[str, int]] = None,
     padder: Optional[HeadPadder] = None,
-) -> Plan:
+) -> tuple[Plan, bool]:
+    """The plan for `graph` and whether it came from the plan cache."""
     if opts.plan == "tt-xla":
         from planner.hand_plans import tt_xla_plan
 
-        return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or default_hardware(mesh))
+        return tt_xla_plan(graph, mesh).with_(hardware=opts.hardware or default_hardware(mesh)), False
     if opts.plan is not None:
         plan = load_plan(opts.plan)
         if plan.user_mesh.shape != mesh.shape:
@@ -340,8 +362,41 @@ def _plan_for(
                 opts.weight_sets,
                 opts.weight_sets,
             )
-        return plan
-    return solve(graph, mesh, opts, values, padder)
+        return plan, False
+    return cached_solve(graph, mesh, opts, values, padder)
+
+
+def cached_solve(
+    graph: Graph,
+    mesh: MeshSpec,
+    opts: Options,
+    values: Optional[dict[str, int]] = None,
+    padder: Optional[HeadPadder] = None,
+) -> tuple[Plan, bool]:
+    """`solve`, through the plan cache when the ``cache_dir`` option is set (`wancompile.cache`);
+    returns the plan and whether it came from the cache."""
+    if opts.cache_dir is None:
+        return solve(graph, mesh, opts, values, padder), False
+    from wancompile.cache import PlanCache, plan_key
+
+    settings = {
+        "hardware": opts.hardware,
+        "memory_gb": opts.memory_gb,
+        "weight_sets": opts.weight_sets,
+        "cfg_parallel": opts.cfg_parallel,
+        "target": opts.resolved_target,
+        "values": values or {},
+        "pad_heads": padder is not None,
+        "sequential": CFG_PAIR_SPLITTABLE.get(),
+    }
+    cache, key = PlanCache(opts.cache_dir), plan_key(graph, mesh, settings)
+    plan = cache.get(key)
+    if plan is not None:
+        log.info("wan_autoshard: plan %s from the plan cache %s", key, cache.dir)
+        return plan, True
+    plan = solve(graph, mesh, opts, values, padder)
+    cache.put(key, plan)
+    return plan, False
 
 
 def symbol_values(gm: fx.GraphModule) -> dict[str, int]:

@@ -22,6 +22,7 @@ in-graph annotations altogether (DESIGN.md §4).
 
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -70,6 +71,8 @@ class ShardedProgram:
         self.graph, self.plan, self.mesh, self.source, self.kind = graph, plan, mesh, gm, kind
         self.stablehlo_sink: Optional[Callable[[str, list], None]] = None
         self.verification = None  # the backend's verify option: the first call's `wancompile.verify.Numerics`
+        self.compile_times = None  # `wancompile.backend.CompileTimes`, set by the backend
+        self.first_call_s: Optional[float] = None  # the first call: trace, XLA compile (or cache load), run
         self._hlo, self._fold_hlo = HloRecord(), HloRecord()
         self.device = torch_xla.device()
         legal = place_factories(legalize(gm)[0] if legalize_ops else gm, self.device)[0]
@@ -97,9 +100,7 @@ class ShardedProgram:
             if moves
             else None
         )
-        # per argument of the lowered program: its parameter name, None for inputs (folded values are
-        # functions of parameters)
-        self._signature_params = self._params + (["<folded>"] * len(self.fold.split.folded) if self.fold else [])
+        self._last_args: Optional[list] = None  # the last call's program arguments (`program_args`)
 
     def _placeholder_specs(self, placeholders) -> list[Optional[PartitionSpec]]:
         """Sharding for each placeholder: the plan's parameter spec, or an activation constraint
@@ -134,6 +135,7 @@ class ShardedProgram:
             ),
             None,
         )
+        t0 = time.perf_counter() if self.first_call_s is None else None
         xla_args = self.program_args(args)
         signature = self._signature(xla_args)
         replay = self._replays.get(signature) if self._host_moves is None else None
@@ -160,18 +162,25 @@ class ShardedProgram:
                         args[i].copy_(xla_args[i].to(args[i].device))
             if started is not None:
                 self._hlo.finish(started, program_key(self.lowered, self.plan, xla_args))
-        if host is None:
-            return out
-        return _to_host(out, host)
+        if t0 is not None:
+            self.first_call_s = time.perf_counter() - t0
+        return out if host is None else _to_host(out, host)
 
     def program_args(self, args: Sequence[Any]) -> list[Any]:
         """The lowered program's arguments for a call with the graph's inputs `args`: on the device,
         parameters sharded and cached, the fold program's values appended (it runs if they are stale).
-        ``self.lowered(*program_args(args))`` traces the program without running it."""
+        ``self.lowered(*program_args(args))`` traces the program without running it.
+
+        The parameters' part is kept from the last call while the same parameter tensors (identity and
+        ``_version``, compared without a Python loop) come again: a call then prepares its inputs only."""
+        same = self.arguments.same_parameters(args)
+        if same and self._last_args is not None:
+            return self.arguments.inputs_to_device(args, list(self._last_args))
         xla_args = self.to_device(args, self.fold.split.main_reads if self.fold else None)
         if self.fold is not None:
             xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
             xla_args += self._folded(args, xla_args)
+        self._last_args = xla_args if same else None
         return xla_args
 
     def _signature(self, xla_args: Sequence[Any]) -> tuple:
@@ -179,8 +188,7 @@ class ShardedProgram:
         not parameters (they vary under ``dynamic=True``) and the values of non-tensor arguments."""
         return tuple(
             (tuple(a.shape), a.dtype) if isinstance(a, torch.Tensor) else a
-            for a, param in zip(xla_args, self._signature_params)
-            if param is None
+            for a in (xla_args[i] for i in self.arguments.inputs)
         )
 
     def _folded(self, args: Sequence[Any], xla_args: Sequence[Any]) -> list[torch.Tensor]:

@@ -12,6 +12,7 @@ constant frozen into the replay) or returns an input unchanged is not replayed; 
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -46,6 +47,8 @@ class Replay:
         self.graph_hash, self.sources, self.constants = graph_hash, sources, constants
         self.leaves, self.treespec = leaves, treespec  # output leaves, _TENSOR where a tensor goes
         self.runs = 0
+        self._extra = [c for c in constants if c is not None]
+        self._take: Optional[Callable] = None  # picks the computation's inputs from (args + constants), C-level
 
     @classmethod
     def trace(
@@ -107,7 +110,14 @@ class Replay:
         import torch.utils._pytree as pytree
         import torch_xla
 
-        inputs = [args[src] if src is not None else const for src, const in zip(self.sources, self.constants)]
+        if self._take is None and self.sources:
+            n, extra = len(args), iter(range(len(args), len(args) + len(self._extra)))
+            index = [src if src is not None else next(extra) for src in self.sources]
+            self._nargs = n
+            self._take = (lambda xs: [xs[index[0]]]) if len(index) == 1 else operator.itemgetter(*index)
+        if self.sources and len(args) != self._nargs:
+            raise ValueError(f"replay of a {self._nargs}-argument program called with {len(args)} arguments")
+        inputs = list(self._take(list(args) + self._extra)) if self.sources else []
         results = iter(torch_xla._XLAC._run_cached_graph(self.graph_hash, inputs))
         self.runs += 1
         return pytree.tree_unflatten(
