@@ -180,7 +180,12 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
                 "break; plan without the `plan` option (or save one per resolution)"
             )
-        new, _ = cached_solve(unpadded, mesh, opts, values, padder)
+        from wancompile.cache import cached_plan
+
+        settings = _plan_settings(opts, values, True)
+        new, _ = cached_plan(
+            opts.cache_dir, unpadded, mesh, settings, lambda: solve(unpadded, mesh, opts, values, padder)
+        )
         if new.head_padding != plan.head_padding:
             raise PlanError(
                 f"re-planning for sizes {values} changed the padded attention heads ({plan.head_padding or 'none'} -> "
@@ -337,7 +342,7 @@ def _plan_for(
     values: Optional[dict[str, int]] = None,
     padder: Optional[HeadPadder] = None,
 ) -> tuple[Plan, bool]:
-    """The plan for `graph` and whether it came from the plan cache."""
+    """The plan for `graph` and whether it came from the plan cache (`wancompile.cache`)."""
     if opts.plan == "tt-xla":
         from planner.hand_plans import tt_xla_plan
 
@@ -363,40 +368,24 @@ def _plan_for(
                 opts.weight_sets,
             )
         return plan, False
-    return cached_solve(graph, mesh, opts, values, padder)
+    from wancompile.cache import cached_plan
+
+    settings = _plan_settings(opts, values, padder is not None)  # solved, or read from the plan cache
+    return cached_plan(opts.cache_dir, graph, mesh, settings, lambda: solve(graph, mesh, opts, values, padder))
 
 
-def cached_solve(
-    graph: Graph,
-    mesh: MeshSpec,
-    opts: Options,
-    values: Optional[dict[str, int]] = None,
-    padder: Optional[HeadPadder] = None,
-) -> tuple[Plan, bool]:
-    """`solve`, through the plan cache when the ``cache_dir`` option is set (`wancompile.cache`);
-    returns the plan and whether it came from the cache."""
-    if opts.cache_dir is None:
-        return solve(graph, mesh, opts, values, padder), False
-    from wancompile.cache import PlanCache, plan_key
-
-    settings = {
-        "hardware": opts.hardware,
-        "memory_gb": opts.memory_gb,
-        "weight_sets": opts.weight_sets,
-        "cfg_parallel": opts.cfg_parallel,
-        "target": opts.resolved_target,
-        "values": values or {},
-        "pad_heads": padder is not None,
-        "sequential": CFG_PAIR_SPLITTABLE.get(),
-    }
-    cache, key = PlanCache(opts.cache_dir), plan_key(graph, mesh, settings)
-    plan = cache.get(key)
-    if plan is not None:
-        log.info("wan_autoshard: plan %s from the plan cache %s", key, cache.dir)
-        return plan, True
-    plan = solve(graph, mesh, opts, values, padder)
-    cache.put(key, plan)
-    return plan, False
+def _plan_settings(opts: Options, values: Optional[dict[str, int]], padded: bool) -> dict[str, Any]:
+    """What besides the graph and the mesh a solved plan depends on: its plan-cache key (`wancompile.cache`)."""
+    return dict(
+        hardware=opts.hardware,
+        memory_gb=opts.memory_gb,
+        weight_sets=opts.weight_sets,
+        cfg_parallel=opts.cfg_parallel,
+        target=opts.resolved_target,
+        values=values or {},
+        pad_heads=padded,
+        sequential=CFG_PAIR_SPLITTABLE.get(),
+    )
 
 
 def symbol_values(gm: fx.GraphModule) -> dict[str, int]:

@@ -8,8 +8,8 @@ which graph it has), but then skips what it can:
   key (`plan_key`) and read back with `planner.plan.load_plan` instead of solving again. A changed
   planner source file changes the key (`planner_version`), so a stale plan is never served.
 * **XLA executables** (`start_xla_cache`): torch_xla's persistent compilation cache
-  (``torch_xla.runtime.initialize_cache``) under ``xla/``, keyed by XLA itself on the program's HLO, so a
-  compiled program is loaded instead of compiled. It must be switched on before the runtime starts,
+  (``torch_xla.runtime.initialize_cache``) under ``xla/``, keyed by torch_xla on the traced graph's hash,
+  so a compiled program is loaded instead of compiled (its ``PersistentCacheHit`` counter says so). It must be switched on before the runtime starts,
   and it is left off when HLO dumps are asked for: a program loaded from the cache is not compiled,
   so XLA writes no partitioned HLO for the collectives check to read.
 """
@@ -22,7 +22,7 @@ import logging
 import os
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 from planner.graph import Graph
 from planner.mesh import MeshSpec
@@ -72,6 +72,23 @@ class PlanCache:
     def put(self, key: str, plan: Plan) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         save_plan(plan, self.dir / f"{key}.json")
+
+
+def cached_plan(
+    root: Optional[Path], graph: Graph, mesh: MeshSpec, settings: Mapping[str, Any], solve: Callable[[], Plan]
+) -> tuple[Plan, bool]:
+    """The plan `solve()` makes, read from the plan cache under `root` when it holds one for this key
+    (stored there after solving otherwise); `root` None: no cache. Returns (plan, whether it was cached)."""
+    if root is None:
+        return solve(), False
+    cache, key = PlanCache(root), plan_key(graph, mesh, settings)
+    plan = cache.get(key)
+    if plan is not None:
+        log.info("wan_autoshard: plan %s from the plan cache %s", key, cache.dir)
+        return plan, True
+    plan = solve()
+    cache.put(key, plan)
+    return plan, False
 
 
 def start_xla_cache(root: Path) -> bool:
