@@ -15,7 +15,8 @@ Each reports its first call split into:
 
 ``--config tiny`` is the tiny DiT (4 heads x 16), ``small`` the ÷16 A14B of bench/bench_score.py; both
 have ``--layers`` blocks (the A14B has 40). The graph size, and so capture and planning, depends on the
-block count, not the dims.
+block count, not the dims. On ``PJRT_DEVICE=CPU`` the XLA cache stays off (`wancompile.cache`: XLA:CPU
+cannot load a serialized executable), so there the second process still compiles.
 """
 
 from __future__ import annotations

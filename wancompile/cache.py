@@ -9,7 +9,10 @@ which graph it has), but then skips what it can:
   planner source file changes the key (`planner_version`), so a stale plan is never served.
 * **XLA executables** (`start_xla_cache`): torch_xla's persistent compilation cache
   (``torch_xla.runtime.initialize_cache``) under ``xla/``, keyed by torch_xla on the traced graph's hash,
-  so a compiled program is loaded instead of compiled (its ``PersistentCacheHit`` counter says so). It must be switched on before the runtime starts,
+  so a compiled program is loaded instead of compiled (its ``PersistentCacheHit`` counter says so).
+  XLA:CPU's PJRT client serializes executables but cannot load them ("Deserializing serialized executable
+  not supported", torch_xla 2.9: every load is a ``PersistentCacheDeserializeFailure`` and a recompile),
+  so on ``PJRT_DEVICE=CPU`` it stays off; accelerator clients (TPU, GPU, tt-xla's plugin) load them. It must be switched on before the runtime starts,
   and it is left off when HLO dumps are asked for: a program loaded from the cache is not compiled,
   so XLA writes no partitioned HLO for the collectives check to read.
 """
@@ -92,13 +95,15 @@ def cached_plan(
 
 
 def start_xla_cache(root: Path) -> bool:
-    """torch_xla's persistent compilation cache under ``<root>/xla``, if the runtime has not started
-    and no HLO dump directory is set; returns whether it is on."""
+    """torch_xla's persistent compilation cache under ``<root>/xla``, if the runtime has not started, no
+    HLO dump directory is set and the device is not XLA:CPU; returns whether it is on."""
     from wancompile import runtime
 
     if os.environ.get("XLA_PERSISTENT_CACHE_PATH"):
         return True
     if runtime.runtime_started() or runtime.current_dump_dir() is not None:
+        return False
+    if os.environ.get("PJRT_DEVICE", "CPU").upper() == "CPU":  # XLA:CPU cannot load what it stores (module doc)
         return False
     import torch_xla
     import torch_xla.runtime as xr
