@@ -33,8 +33,6 @@ def main() -> None:
 
     model = build_transformer("tiny", num_layers=1)
     inputs = transformer_inputs("tiny", "tiny", args.frames)
-    from wancompile.lowering import ShardedProgram
-
     # "qkv, packed in-graph": the lowering's constant folding off (wancompile/fold.py), so the packed
     # weight is rebuilt on every call, as before folding existed.
     variants = {
@@ -48,17 +46,20 @@ def main() -> None:
     compiled = {}
     for name, rewrites in variants.items():
         torch._dynamo.reset()
-        ShardedProgram.fold_parameters = name != "qkv, packed in-graph"
         fn = torch.compile(
             model,
             backend="wan_autoshard",
-            options={"mesh": "1x1", "plan": "tt-xla", "rewrites": rewrites},
+            options={
+                "mesh": "1x1",
+                "plan": "tt-xla",
+                "rewrites": rewrites,
+                "fold_parameters": name != "qkv, packed in-graph",
+            },
             fullgraph=True,
         )
         with torch.no_grad():
             fn(**inputs, return_dict=False)  # compile (and fold)
         compiled[name] = fn
-    ShardedProgram.fold_parameters = True
 
     wall: dict[str, list[float]] = {n: [] for n in variants}
     device: dict[str, list[float]] = {n: [] for n in variants}

@@ -120,6 +120,19 @@ def test_without_a_plan_option_the_planner_plans(tiny_model, tiny_inputs):
     assert program.plan.decisions
 
 
+def test_a_second_compile_with_a_cache_dir_reads_the_plan_instead_of_solving(tmp_path, tiny_model, tiny_inputs):
+    from wancompile.backend import Component
+
+    first_out, first = compile_tiny(tiny_model, tiny_inputs, mesh="2x4", cache_dir=str(tmp_path))
+    out, second = compile_tiny(tiny_model, tiny_inputs, mesh="2x4", cache_dir=str(tmp_path))
+    assert not first.compile_times.plan_cached and second.compile_times.plan_cached
+    assert list((tmp_path / "plans").glob("*.json")) and second.plan.params == first.plan.params
+    assert second.plan.activations == first.plan.activations and second.kind is Component.DIT
+    assert numerics(out, first_out).max_abs == 0.0
+    _, other_mesh = compile_tiny(tiny_model, tiny_inputs, mesh="4x2", cache_dir=str(tmp_path))
+    assert not other_mesh.compile_times.plan_cached  # another mesh is another key
+
+
 def test_mesh_size_must_match_the_device_count(tiny_model, tiny_inputs):
     with raises_from_backend(PlanError, r"mesh 2x2 needs 4 devices but the XLA runtime has 8.*CPU_NUM_DEVICES=4"):
         compile_tiny(tiny_model, tiny_inputs, mesh="2x2")

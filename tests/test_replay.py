@@ -40,6 +40,21 @@ def test_hand_plan_2x4_traces_once_and_replays_new_inputs_exactly(tiny_model, ti
     assert met.metric_data("CompileTime")[0] == compiles  # replays compile nothing
 
 
+def test_a_parameter_updated_in_place_between_replays_is_read_anew(tiny_model, tiny_inputs):
+    import copy
+
+    model = copy.deepcopy(tiny_model)
+    compiled = _compile(model, mesh="2x4")
+    with torch.no_grad():
+        for _ in range(3):  # the third call reuses the parameters' program arguments
+            compiled(**tiny_inputs, return_dict=False)
+        model.proj_out.weight.mul_(-2.0)  # a new version of the same tensor
+        out = compiled(**tiny_inputs, return_dict=False)[0]
+        eager = model(**tiny_inputs, return_dict=False)[0]
+    result = numerics(out, eager)
+    assert result.pcc >= 0.99999 and result.max_abs <= 5e-6, result
+
+
 def test_a_new_input_shape_is_traced_once_more(tiny_model):
     from wancompile.backend import last_program
     from wancompile.models import transformer_inputs

@@ -19,6 +19,9 @@ import contextvars
 import fnmatch
 import logging
 import re
+import time
+from dataclasses import dataclass
+from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -36,7 +39,18 @@ from wancompile.verify import VerificationError, check_finite_inputs, numerics, 
 
 log = logging.getLogger("wancompile")
 
-_RECENT: list = []  # the last programs compiled in this process, newest last (for inspection)
+_RECENT: list = []  # the last programs compiled in this process, newest last: read through `recent_programs`
+
+
+class Component(str, Enum):
+    """What a captured graph is, as the backend recognises it (`ShardedProgram.kind`); the value is the
+    model name its plan carries."""
+
+    DIT = "wan-dit"  # a Wan DiT forward (repeated attention blocks)
+    VAE = "wan-vae"  # a Wan VAE decode
+    GRAPH = "graph"  # anything else: runs replicated
+
+
 # True while a caller that can run a CFG pair as two batch-1 forwards instead (compile_pipeline's `CFGBatched`)
 # calls its batch-2 forward: the planner may then choose ``sequential`` (planner.cfg.CfgSequential is raised)
 CFG_PAIR_SPLITTABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("wancompile_cfg_pair", default=False)
@@ -52,6 +66,17 @@ def cfg_pair_splittable(flag: bool = True):
         CFG_PAIR_SPLITTABLE.reset(token)
 
 
+@dataclass(frozen=True)
+class CompileTimes:
+    """Where a graph's compile went, in seconds (`ShardedProgram.compile_times`): planning (solving, or
+    reading a saved or cached plan) and lowering (legalize, constraints, fold split). Dynamo's capture
+    comes before and XLA's compile after (the program's first call)."""
+
+    plan_s: float
+    lower_s: float
+    plan_cached: bool  # the plan came from the plan cache (`wancompile.cache`)
+
+
 def last_program():
     """The most recently compiled `ShardedProgram` (plan, HLO path, verification), for inspection."""
     if not _RECENT:
@@ -59,9 +84,9 @@ def last_program():
     return _RECENT[-1]
 
 
-def recent_programs() -> list:
-    """The programs compiled in this process, oldest first (the last eight)."""
-    return list(_RECENT)
+def recent_programs(kind: Optional[Component] = None) -> list:
+    """The programs compiled in this process, oldest first (the last eight); of one `Component` if `kind`."""
+    return [p for p in _RECENT if kind is None or p.kind is kind]
 
 
 def wan_autoshard(
@@ -90,16 +115,20 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
     model = _model_name(gm)
     gm, records = rewrite_graph(gm, mesh, opts.rewrites, opts.hardware)
-    if model == "wan-vae":  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
+    if (
+        model is Component.VAE
+    ):  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
         from wancompile.vae.legalize import fold_conv_padding
 
         gm, _ = fold_conv_padding(gm)
-    graph = annotate(gm, model=model)
+    graph = annotate(gm, model=model.value)
     padder = HeadPadder(gm, graph)
+    started = time.perf_counter()
     try:
-        plan = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
+        plan, cached = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
     except InfeasiblePlanError as e:
         raise _with_rewrites(e, records) from None
+    plan_s = time.perf_counter() - started
     unpadded = graph
     gm, graph = padder.graphs(plan.head_padding)  # the graph the plan names: heads padded where it chose
     if isinstance(opts.plan, Path):
@@ -127,13 +156,14 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         target = get_target(plan.target)
         if target.pinned:  # the partitioner may choose nothing the plan decided (planner.pins)
             plan = pin_layouts(graph, plan, plan.hardware or opts.hardware or default_hardware(plan.mesh))
+        started = time.perf_counter()
         xmesh = mesh_for_plan(mesh_obj, plan.mesh)  # CFG split: 3-D view
-        program = ShardedProgram(gm, graph, plan, xmesh)
+        program = ShardedProgram(gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model)
+        program.compile_times = CompileTimes(plan_s, time.perf_counter() - started, cached)
         if opts.dump_dir is not None and target.name == "tt-mlir":
             from wancompile.tt.export import ShardyExport
 
             program.stablehlo_sink = ShardyExport(opts.dump_dir, program_name(plan), plan, xmesh, specs=program.specs)
-        program.verification = None
         _RECENT.append(program)
         del _RECENT[:-8]
         log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
@@ -150,7 +180,12 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
                 "break; plan without the `plan` option (or save one per resolution)"
             )
-        new = solve(unpadded, mesh, opts, values, padder)
+        from wancompile.cache import cached_plan
+
+        settings = _plan_settings(opts, values, True)
+        new, _ = cached_plan(
+            opts.cache_dir, unpadded, mesh, settings, lambda: solve(unpadded, mesh, opts, values, padder)
+        )
         if new.head_padding != plan.head_padding:
             raise PlanError(
                 f"re-planning for sizes {values} changed the padded attention heads ({plan.head_padding or 'none'} -> "
@@ -247,17 +282,18 @@ def _start_runtime(opts: Options) -> None:
         runtime.ensure_cpu_devices(opts.mesh.size if opts.mesh is not None else None, log)
         if opts.dump_dir and not runtime.current_dump_dir():
             runtime.configure(dump_dir=opts.dump_dir / "hlo")
+        if opts.cache_dir is not None:
+            from wancompile.cache import start_xla_cache
+
+            start_xla_cache(opts.cache_dir)
     runtime.require_spmd()
 
 
-def _model_name(gm: fx.GraphModule) -> str:
-    if any("decoder_modules_conv_in" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder"):
-        return "wan-vae"
-    return (
-        "wan-dit"
-        if any("blocks_modules_0" in str(n.target) for n in gm.graph.nodes if n.op == "placeholder")
-        else "graph"
-    )
+def _model_name(gm: fx.GraphModule) -> Component:
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
+    if any("decoder_modules_conv_in" in t for t in targets):
+        return Component.VAE
+    return Component.DIT if any("blocks_modules_0" in t for t in targets) else Component.GRAPH
 
 
 class HeadPadder:
@@ -305,11 +341,12 @@ def _plan_for(
     opts: Options,
     values: Optional[dict[str, int]] = None,
     padder: Optional[HeadPadder] = None,
-) -> Plan:
+) -> tuple[Plan, bool]:
+    """The plan for `graph` and whether it came from the plan cache (`wancompile.cache`)."""
     if opts.plan == "tt-xla":
         from planner.hand_plans import tt_xla_plan  # the tt-xla preset through the engine
 
-        return tt_xla_plan(graph, mesh, opts.hardware or default_hardware(mesh), values=values)
+        return tt_xla_plan(graph, mesh, opts.hardware or default_hardware(mesh), values=values), False
     if opts.plan is not None:
         plan = load_plan(opts.plan)
         if plan.user_mesh.shape != mesh.shape:
@@ -330,8 +367,25 @@ def _plan_for(
                 opts.weight_sets,
                 opts.weight_sets,
             )
-        return plan
-    return solve(graph, mesh, opts, values, padder)
+        return plan, False
+    from wancompile.cache import cached_plan
+
+    settings = _plan_settings(opts, values, padder is not None)  # solved, or read from the plan cache
+    return cached_plan(opts.cache_dir, graph, mesh, settings, lambda: solve(graph, mesh, opts, values, padder))
+
+
+def _plan_settings(opts: Options, values: Optional[dict[str, int]], padded: bool) -> dict[str, Any]:
+    """What besides the graph and the mesh a solved plan depends on: its plan-cache key (`wancompile.cache`)."""
+    return dict(
+        hardware=opts.hardware,
+        memory_gb=opts.memory_gb,
+        weight_sets=opts.weight_sets,
+        cfg_parallel=opts.cfg_parallel,
+        target=opts.resolved_target,
+        values=values or {},
+        pad_heads=padded,
+        sequential=CFG_PAIR_SPLITTABLE.get(),
+    )
 
 
 def symbol_values(gm: fx.GraphModule) -> dict[str, int]:

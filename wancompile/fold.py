@@ -15,7 +15,7 @@ two:
 `FoldedValues` runs the fold program on the parameters' XLA copies (already sharded as the plan says),
 syncs, and hands the results to every later call with the same parameters. It keeps one entry per
 *parameter set* — the identity and ``_version`` of every parameter the fold program reads (like
-`wancompile.lowering.ParamCache`) — so one compiled graph that serves several modules with the same
+`wancompile.params.ParamCache`) — so one compiled graph that serves several modules with the same
 code (the two Wan 2.2 experts: dynamo passes parameters as inputs, so both run one graph) folds once
 per module, not on every switch. An entry goes when a parameter of its set is updated in place
 (newer ``_version``) or freed, and beyond `FoldedValues.max_sets` sets the least recently used one
@@ -51,6 +51,8 @@ from typing import Any, Callable, Optional, Sequence
 
 import torch
 import torch.fx as fx
+
+from wancompile.constraints import constrain, weight_read
 
 _RANDOM = (
     "rand",
@@ -110,9 +112,7 @@ def _moves_device(node: fx.Node) -> bool:
 
 
 def _pure(node: fx.Node) -> bool:
-    from wancompile.lowering import _constrain, _weight_read
-
-    if node.op not in ("call_function", "call_method") or node.target in (_constrain, _weight_read) or _mutates(node):
+    if node.op not in ("call_function", "call_method") or node.target in (constrain, weight_read) or _mutates(node):
         return False
     if _name(node) in _BROADCASTS or _name(node) in _TRANSFERS or _moves_device(node):
         return False
@@ -148,8 +148,6 @@ def _allowed(sources: set, pads: set) -> int:
 def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]]) -> Optional[FoldSplit]:
     """Cut `gm` (whose placeholders, in order, hold the parameters named in `params`, None for inputs)
     into a fold program and a main program; None when nothing can be folded (then use `gm` as is)."""
-    from wancompile.lowering import _constrain
-
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(params):
         raise ValueError(f"{len(placeholders)} placeholders but {len(params)} parameter names")
@@ -173,7 +171,7 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
                 ancestors[node] = set().union(*(ancestors.get(i, {i}) for i in inputs))
                 pads[node] = set().union(*(pads.get(i, set()) for i in inputs)) | ({node} if _zero_pad(node) else set())
         bad_sources = {s for n in mutated for s in (ancestors.get(n, {n}) if (n in foldable or n in sources) else ())}
-        moved = {u for n in foldable for u in n.users if u.target is _constrain}  # constraints of folded values
+        moved = {u for n in foldable for u in n.users if u.target is constrain}  # constraints of folded values
         boundary = [
             n for n in gm.graph.nodes if n in foldable and any(u not in foldable and u not in moved for u in n.users)
         ]

@@ -52,7 +52,7 @@ def layer_norm_decomposed(
 ) -> torch.Tensor:
     """F.layer_norm as explicit reductions over the normalized dims (biased variance, as F.layer_norm).
     `mark(value, is_statistic)`, when given, is called on each intermediate (the lowering pins them:
-    Shardy would otherwise choose their layouts, `wancompile.lowering.insert_constraints`)."""
+    Shardy would otherwise choose their layouts, `wancompile.constraints.insert_constraints`)."""
     mark = mark or (lambda t, stat: None)
     dims = tuple(range(-len(normalized_shape), 0))
     mean = x.mean(dims, keepdim=True)

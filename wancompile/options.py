@@ -50,6 +50,12 @@ class Options:
     cfg_parallel: str = "auto"
     # The partitioner the plan is for (planner.targets): "gspmd" or "tt-mlir"; None: `resolved_target`.
     target: Optional[str] = None
+    # Compute parameter-only subgraphs (packed weights) once per parameter version (wancompile.fold); False keeps
+    # them in the program, recomputed per call (for measuring what folding saves).
+    fold_parameters: bool = True
+    # Where plans (by graph hash) and XLA's compiled programs persist across processes (wancompile.cache), e.g.
+    # "~/.cache/wancompile"; None (the default), "off" or "": nothing persists.
+    cache_dir: Optional[Path] = None
 
     @property
     def resolved_target(self) -> str:
@@ -97,6 +103,8 @@ _KNOWN = frozenset(
         "weight_sets",
         "cfg_parallel",
         "target",
+        "fold_parameters",
+        "cache_dir",
     }
 )
 # WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
@@ -145,13 +153,11 @@ def _parse(raw: dict[str, Any]) -> Options:
         if memory_gb <= 0:
             raise OptionsError(f"option 'memory_gb' must be positive, got {memory_gb}")
 
-    verify = raw.get("verify", False)
-    if isinstance(verify, str):
-        if verify.lower() not in _TRUE | _FALSE:
-            raise OptionsError(f"option 'verify' must be a boolean (1/0, true/false), got {verify!r}")
-        verify = verify.lower() in _TRUE
-    elif not isinstance(verify, bool):
-        raise OptionsError(f"option 'verify' must be a boolean, got {verify!r}")
+    verify = _parse_bool("verify", raw.get("verify", False))
+    fold_parameters = _parse_bool("fold_parameters", raw.get("fold_parameters", True))
+    cache_dir = raw.get("cache_dir")
+    cache_dir = None if cache_dir is None or str(cache_dir).strip().lower() in _FALSE | {"none"} else Path(cache_dir)
+    cache_dir = cache_dir.expanduser() if cache_dir is not None else None
 
     plan = raw.get("plan")
     if plan is not None and str(plan) not in BUILTIN_PLANS:
@@ -197,7 +203,19 @@ def _parse(raw: dict[str, Any]) -> Options:
         weight_sets=int(weight_sets),
         cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
         target=target,
+        fold_parameters=fold_parameters,
+        cache_dir=cache_dir,
     )
+
+
+def _parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, str):
+        if value.lower() not in _TRUE | _FALSE:
+            raise OptionsError(f"option {name!r} must be a boolean (1/0, true/false), got {value!r}")
+        return value.lower() in _TRUE
+    if not isinstance(value, bool):
+        raise OptionsError(f"option {name!r} must be a boolean, got {value!r}")
+    return value
 
 
 def _parse_cfg(value: Any) -> str:

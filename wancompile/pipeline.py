@@ -84,9 +84,9 @@ class PipelineCompilation:
     def programs(self) -> list:
         """The DiT `ShardedProgram`s the backend compiled since `compile_pipeline` (newest last): this
         pipeline's transformers', unless other modules were compiled in between."""
-        from wancompile.backend import _RECENT
+        from wancompile.backend import Component, recent_programs
 
-        return [p for p in _RECENT if p.plan.model == "wan-dit" and not any(p is q for q in self.before)]
+        return [p for p in recent_programs(Component.DIT) if not any(p is q for q in self.before)]
 
 
 def compilation(pipe) -> Optional[PipelineCompilation]:
@@ -156,10 +156,10 @@ def compile_pipeline(
     from wancompile.options import Options
 
     Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
-    from wancompile.backend import _RECENT
+    from wancompile.backend import recent_programs
 
     state = PipelineCompilation(
-        options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off", before=list(_RECENT)
+        options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off", before=recent_programs()
     )
     dump = Path(dump_dir) if dump_dir is not None else None
 
@@ -306,8 +306,7 @@ def _program_holding(programs: list, module: torch.nn.Module):
     """The program (newest first) whose parameter cache holds one of `module`'s parameters; else the newest."""
     params = list(module.parameters())
     for program in reversed(programs):
-        copies = program._cache._copies  # wancompile.lowering.ParamCache: id -> (weak ref, version, copy)
-        if any(id(p) in copies and copies[id(p)][0]() is p for p in params):
+        if any(program.holds(p) for p in params):
             return program
     return programs[-1]
 
@@ -367,7 +366,7 @@ class _BudgetedDecode:
         )
 
     def __call__(self, z: torch.Tensor, return_dict: bool = True):
-        from wancompile.backend import _RECENT
+        from wancompile.backend import Component, recent_programs
         from wancompile.vae.decode import _T_CHUNK_ATTR
 
         key = (tuple(z.shape), z.dtype)
@@ -376,10 +375,10 @@ class _BudgetedDecode:
             self._log(z, key, "the whole latent per device")
         if self.vae.__dict__[_T_CHUNK_ATTR] != self.t_chunks[key]:
             setattr(self.vae, _T_CHUNK_ATTR, self.t_chunks[key])
-        before = {id(p) for p in _RECENT}
+        before = {id(p) for p in recent_programs()}
         out = self.compiled(z, return_dict=return_dict)
         if key not in self.splits:
-            programs = [p for p in _RECENT if p.plan.model == "wan-vae"]
+            programs = recent_programs(Component.VAE)
             new = [p for p in programs if id(p) not in before] or programs[-1:]
             if new:  # the plan(s) of this decode: the least split one bounds the chunk
                 self.splits[key] = min((spatial_split(p.plan) for p in new), key=lambda s: s[0] * s[1])
