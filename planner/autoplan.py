@@ -5,7 +5,7 @@
 is the other family, `planner.vae_plan`). `price_plan` / `evaluate_forward` (`planner.forward`)
 price any plan under the same rules. Pipeline (each step is its own module):
 
-1. `strategies.find_structure` splits the graph into prologue, one representative block (its macros
+1. `structure.find_structure` splits the graph into prologue, one representative block (its macros
    with their glue), epilogue; `strategies.strategies` lists each macro's legal options.
 2. Every option is priced by running the op rules over the macro's ops (`propagate.evaluate`): the
    collectives it implies, roofline compute, parameter and activation bytes per device. Stream
@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Mapping, Optional
 
 from planner import engine
-from planner.dit_family import DitFamily
+from planner.dit_family import DitFamily, DitOptions
 from planner.dit_problem import PRESETS
 from planner.forward import Forward, evaluate_forward, price_plan
 from planner.graph import Graph
@@ -31,7 +31,7 @@ from planner.padding import PadHeads
 from planner.plan import Plan, PlanError
 from planner.targets import get_target
 
-__all__ = ["PRESETS", "DitFamily", "Forward", "evaluate_forward", "plan_graph", "price_plan"]
+__all__ = ["PRESETS", "DitFamily", "DitOptions", "Forward", "evaluate_forward", "plan_graph", "price_plan"]
 
 
 def plan_graph(
@@ -102,10 +102,7 @@ def plan_graph(
     hw = get_target(target).profile(resolve_hardware(hardware, mesh))  # what the target cannot lower, priced out
     if weight_copies < 1:
         raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
-    family = DitFamily(
-        graph,
-        mesh,
-        hw,
+    options = DitOptions(
         num_blocks=num_blocks,
         weight_copies=weight_copies,
         values=values,
@@ -119,5 +116,6 @@ def plan_graph(
         pad_heads=pad_heads,
         fsdp_blocks=fsdp_blocks,
     )
+    family = DitFamily(graph, mesh, hw, options)
     budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
     return engine.plan(family, budget, time_limit_s).with_(target=target)

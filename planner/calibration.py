@@ -1,12 +1,9 @@
 """Calibration: the cost model held against published timings of Wan 2.2 A14B on Tenstorrent.
 
-`PUBLISHED` holds every published end-to-end figure we have (docs/hardware-figures.md §5, seed 000),
-each with the configuration that produced it (`Scheme`) and the software stack that ran it
-(`STACKS`: tt-metal's hand-written model with its fused kernels, or tt-xla's compiler path). A row is
-priced the way the planner prices a plan: the scheme is written as a plan for the full-size model
-(`scheme_plan`: tt-metal's SP x TP axes, FSDP; tt-xla's hand specs), one DiT forward is evaluated by
-the op rules (`planner.autoplan.evaluate_forward`) and taken apart into the terms the free factors
-scale (`Terms`):
+The rows are `planner.published`'s (`PUBLISHED`: each figure with its `Scheme` and software stack,
+re-exported here). A row is priced the way the planner prices a plan: the scheme written as a plan
+for the full-size model (`scheme_plan`), one DiT forward is evaluated by the op rules
+(`planner.autoplan.evaluate_forward`) and taken apart into the terms the free factors scale (`Terms`):
 
     forward = roofline / compute_eff + kernels x op_overhead + latency + transfer / link_eff
               + Σ overlapped sites
@@ -40,6 +37,22 @@ from planner.cost_model import collective_terms
 from planner.graph import Graph, Node
 from planner.hardware import Figure, HardwareProfile, get_profile
 from planner.mesh import MeshSpec
+from planner.published import (
+    NUM_BLOCKS,
+    PUBLISHED,
+    STACKS,
+    UMT5_XXL,
+    Row,
+    Scheme,
+    Stack,
+    TextEncoder,
+    profile_mesh,
+    scheme_only,
+    scheme_plan,
+)
+
+__all__ = ["NUM_BLOCKS", "PUBLISHED", "STACKS", "UMT5_XXL", "Row", "Scheme", "Stack", "TextEncoder"]
+__all__ += ["profile_mesh", "scheme_only", "scheme_plan"]
 
 CALIBRATION_FILE = Path(__file__).with_name("calibration.json")
 
@@ -52,106 +65,6 @@ FUSED_MATMUL_OVERHEAD = Figure(
 _VIEWS = frozenset(
     {"permute", "transpose", "view", "reshape", "unflatten", "flatten", "contiguous", "getitem", "expand", "unsqueeze"}
 )
-
-
-@dataclass(frozen=True)
-class Stack:
-    """What a software stack lowers, as far as the price of a forward goes."""
-
-    name: str
-    description: str
-    fuses_glue: bool  # elementwise glue fused into the kernels around it (else one kernel per op)
-    ring_attention: bool  # SP self-attention as ring SDPA (K/V chunks circulate under the compute)
-    fused_matmul_collectives: bool  # all-gather + matmul and matmul + reduce-scatter as one kernel
-
-
-STACKS = {
-    s.name: s
-    for s in (
-        Stack(
-            "tt-metal",
-            "tt-metal's hand-written Wan 2.2 (models/tt_dit, sources K, M): ring_joint_sdpa, "
-            "all_gather_minimal_matmul, matmul + strided reduce-scatter with the gated residual fused, "
-            "fused RMSNorm + RoPE",
-            fuses_glue=True,
-            ring_attention=True,
-            fused_matmul_collectives=True,
-        ),
-        Stack(
-            "tt-xla",
-            "tt-xla: diffusers' model compiled by tt-mlir (seed 000): one TTNN op per op, no overlap",
-            fuses_glue=False,
-            ring_attention=False,
-            fused_matmul_collectives=False,
-        ),
-    )
-}
-
-
-@dataclass(frozen=True)
-class Scheme:
-    """A source's parallel configuration."""
-
-    stack: str
-    sp: Optional[int]  # mesh axis index of sequence parallelism (None: no SP)
-    tp: int  # mesh axis index of tensor parallelism
-    fsdp: bool = False  # weights also split over the SP axis, gathered per use
-    hand: str = ""  # "tt-xla": the seed's hand plan, the tt-xla preset (`planner.hand_plans.tt_xla_plan`)
-    kv_slices: int = 0  # static slices per forward the source added (tt-xla's SP padding: K/V slice-backs)
-
-
-@dataclass(frozen=True)
-class Row:
-    """One published figure and what produced it."""
-
-    source: str
-    system: str  # hardware profile
-    mesh: str
-    resolution: str
-    what: str  # what the figure covers, e.g. "denoising, 40 steps"
-    published_s: float
-    scheme: Scheme
-    forwards: int  # DiT forwards the figure covers (40 steps x 2: CFG as two sequential forwards)
-    parts: tuple[str, ...] = ()  # what else it timed: "text", "vae"
-    frames: int = 81
-    reading: str = ""  # how an ambiguous source is read
-    # what the source did that the model cannot see, where that keeps the row out of the fit
-    unseen: str = ""
-
-    @property
-    def fitted(self) -> bool:
-        return not self.unseen
-
-
-_K = "tt-metal Wan2_2.md (K)"
-_SEED = "tt-xla seed 000"
-_CFG2 = 80  # 40 steps x (cond + uncond), as tt-metal's combined_step runs them (M)
-
-PUBLISHED: tuple[Row, ...] = (
-    Row(_K, "wh-loudbox", "2x4", "480p", "video, 40 steps", 735, Scheme("tt-metal", 0, 1, fsdp=True), _CFG2,
-        ("text", "vae"), reading="s/video: text encoder + denoising + VAE decode; experts loaded dynamically"),
-    Row(_K, "bh-quietbox", "2x2", "480p", "video, 40 steps", 466, Scheme("tt-metal", 0, 1, fsdp=True), _CFG2,
-        ("text", "vae"), reading="s/video: text encoder + denoising + VAE decode"),
-    Row(_K, "bh-loudbox", "2x4", "480p", "video, 40 steps", 207, Scheme("tt-metal", 1, 0), _CFG2,
-        ("text", "vae"), reading="s/video: text encoder + denoising + VAE decode"),
-    Row(_K, "wh-galaxy", "4x8", "720p", "video, 40 steps", 354, Scheme("tt-metal", 1, 0, fsdp=True), _CFG2,
-        ("text", "vae"), reading="s/video: text encoder + denoising + VAE decode"),
-    Row(_K, "bh-galaxy", "4x8", "480p", "denoising, 40 steps", 45.3, Scheme("tt-metal", 1, 0), _CFG2,
-        reading="uncached baseline, denoising only"),
-    Row(_K, "bh-galaxy", "4x8", "720p", "denoising, 40 steps", 142.4, Scheme("tt-metal", 1, 0), _CFG2,
-        reading="uncached baseline, denoising only"),
-    Row(_SEED, "wh-loudbox", "1x4", "480p", "warm forward", 77, Scheme("tt-xla", None, 1, hand="tt-xla"), 1,
-        reading="'warm time' read as one DiT forward (81 frames, batch 1) on Wormhole LoudBox chips"),
-    Row(_SEED, "wh-loudbox", "2x4", "480p", "warm forward", 41, Scheme("tt-xla", 0, 1, hand="tt-xla"), 1,
-        reading="'warm time' read as one DiT forward (81 frames, batch 1) on a Wormhole LoudBox"),
-    Row(_SEED, "wh-galaxy", "8x4", "480p", "warm forward", 5.6, Scheme("tt-xla", 0, 1, hand="tt-xla"), 1,
-        reading="'s/iter' read as one DiT forward (81 frames, batch 1) on a Wormhole Galaxy"),
-    Row(_SEED, "wh-galaxy", "8x4", "480p", "warm forward, SP padding", 8.9,
-        Scheme("tt-xla", 0, 1, hand="tt-xla", kv_slices=81), 1,
-        reading="as the 5.6 s row plus the 81 static slices the seed counted (40 blocks x K, V + the output)",
-        unseen="the seed measured +3.3 s for 81 ttnn.slice_static (41 ms each, ~70x a DRAM round trip of the "
-               "gathered K/V); the model prices a static slice as one kernel with a DRAM round trip"),
-)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -446,43 +359,6 @@ def calibrated(hw: HardwareProfile, factors: Factors, source: str) -> HardwarePr
     )
 
 
-def profile_mesh(row: Row) -> MeshSpec:
-    from planner.mesh import parse_mesh
-
-    return parse_mesh(row.mesh)
-
-
-def scheme_only(scheme: Scheme, mesh: MeshSpec) -> Mapping[str, str]:
-    """The planner's `only=` that makes its block macros the scheme's (tt-metal: head-TP on the TP axis,
-    SP on the SP axis, the stream split on the TP axis between ops: STATE B; FSDP over the SP axis)."""
-    names = mesh.axis_names
-    tp = names[scheme.tp]
-    sp = names[scheme.sp] if scheme.sp is not None else None
-    fsdp = r"\+FSDP" if scheme.fsdp else ""
-    spp = rf"\+SP\({sp}\)" if sp else ""
-    return {
-        "attn1": rf"^head-TP\({tp}\){spp}{fsdp}\+hidden\({tp}\)$",
-        "attn2": rf"^head-TP\({tp}\){spp}{fsdp}\+hidden\({tp}\)$",
-        "ffn": rf"^Megatron\({tp}\){spp}{fsdp}\+hidden\({tp}\)$",
-    }
-
-
-def scheme_plan(graph: Graph, row: Row, hw: HardwareProfile):
-    """The row's configuration as a plan for `graph` (the planner under `only=`, or the hand plan)."""
-    from planner.autoplan import plan_graph
-    from planner.hand_plans import tt_xla_plan
-    from planner.mesh import parse_mesh
-
-    mesh = parse_mesh(row.mesh)
-    if row.scheme.hand == "tt-xla":
-        return tt_xla_plan(graph, mesh, hw, num_blocks=NUM_BLOCKS)  # the tt-xla preset, whatever its memory
-    # the source ran it: price its time whatever its memory (the planner's budget is not the question)
-    return plan_graph(graph, mesh, hw, num_blocks=NUM_BLOCKS, memory_gb=1e6, only=scheme_only(row.scheme, mesh))
-
-
-NUM_BLOCKS = 40  # Wan 2.2 A14B
-
-
 def price(row: Row, graph: Graph, vae: Optional[Graph] = None) -> Priced:
     """`row`'s work taken apart: its DiT forwards (on `graph`, the model captured at the row's
     resolution) and the other parts it timed (the VAE decode on `vae`, the decode graph captured at the
@@ -519,23 +395,6 @@ def vae_terms(graph: Graph, hw: HardwareProfile, mesh: MeshSpec, stack: Stack) -
         transfer += xfer * c.count
     kernels = (p1.predicted.compute_seconds - p0.predicted.compute_seconds) / 1e-3
     return Terms(p0.predicted.compute_seconds, round(kernels), latency, transfer)
-
-
-@dataclass(frozen=True)
-class TextEncoder:
-    """An encoder-only transformer priced from its configuration (no graph: the planner plans DiTs)."""
-
-    name: str
-    d_model: int
-    d_ff: int  # gated: two input projections
-    layers: int
-    d_attn: int  # heads x head dim
-    tokens: int
-    prompts: int  # cond + uncond
-    source: str
-
-
-UMT5_XXL = TextEncoder("umt5-xxl", 4096, 10240, 24, 4096, 512, 2, "google/umt5-xxl config.json (Wan 2.2 text encoder)")
 
 
 def text_terms(hw: HardwareProfile, mesh: MeshSpec, stack: Stack, enc: TextEncoder = UMT5_XXL) -> Terms:

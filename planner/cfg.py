@@ -53,7 +53,7 @@ from planner.graph import Graph
 from planner.hardware import HardwareProfile, resolve_hardware
 from planner.mesh import MeshSpec
 from planner.plan import CfgOption, CfgParallel, Decision, Exclusion, MemoryBudgetError, OptionCost, Plan, PlanError
-from planner.strategies import find_structure
+from planner.structure import find_structure
 
 CFG_AXIS = "cfg"
 MODES = ("auto", "on", "off")

@@ -24,7 +24,7 @@ from planner.plan import (
     Predicted,
     model_geometry,
 )
-from planner.propagate import redistribute, reduced_through, sliced_behind, sliced_first
+from planner.reshard import redistribute, reduced_through, sliced_behind, sliced_first
 from planner.strategies import Strategy
 
 
@@ -182,7 +182,7 @@ class DitAssembly:
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
 
     def _scatter_into_slice(self, events: Counter, a: str, added: tuple[str, ...], chosen, evals, times: int) -> None:
-        """Stream value `a` sliced onto `added` first in its reshard (`planner.propagate.sliced_first`: a
+        """Stream value `a` sliced onto `added` first in its reshard (`planner.reshard.sliced_first`: a
         pure slice, or the slice before a minor-factor all-to-all) where the op behind it (past
         pass-throughs) all-reduces its partial sums over those axes: GSPMD's all-reduce + slice, one
         reduce-scatter (`planner.propagate`), as the whole-graph propagation reads it too."""

@@ -15,6 +15,7 @@ module per job, each a mixin reading the state set here:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
@@ -30,78 +31,71 @@ from planner.macros import Macro
 from planner.mesh import MeshSpec
 from planner.padding import PadHeads, needs_padding, pad_targets
 from planner.plan import Exclusion, HeadPadding, PlanError
-from planner.strategies import Strategy, dit_graph, family_strategies, find_structure
+from planner.strategies import Strategy, family_strategies
+from planner.structure import dit_graph, find_structure
 from planner.targets import get_target
 
 
+@dataclass(frozen=True)
+class DitOptions:
+    """What `DitFamily` plans under besides graph, mesh and hardware: `planner.autoplan.plan_graph`'s
+    keyword arguments of the same names (documented there), passed through as one record."""
+
+    num_blocks: Optional[int] = None
+    weight_copies: int = 1
+    values: Optional[Mapping[str, int]] = None
+    sequence_parallel: bool = True
+    only: Optional[Mapping[str, str]] = None
+    batch_axes: tuple[str, ...] = ()
+    stream_layouts: bool = True
+    preset: str = "auto"
+    model: str = ""
+    target: str = "gspmd"
+    pad_heads: Optional[PadHeads] = None
+    fsdp_blocks: Optional[Mapping[str, int]] = None
+
+
 class DitFamily(DitPricing, DitProblem, DitAdvice, DitExplain, DitAssembly, DitPins):
-    """The DiT as a model family of `planner.engine`: its macros (`strategies.find_structure`), their
+    """The DiT as a model family of `planner.engine`: its macros (`structure.find_structure`), their
     options priced by the op rules, the stream edges between them; its decisions and its plan. Built
     once from `plan_graph`'s arguments (immutable after construction)."""
 
     def __init__(
-        self,
-        graph: Graph,
-        mesh: MeshSpec,
-        hw: HardwareProfile,
-        *,
-        num_blocks: Optional[int] = None,
-        weight_copies: int = 1,
-        values: Optional[Mapping[str, int]] = None,
-        sequence_parallel: bool = True,
-        only: Optional[Mapping[str, str]] = None,
-        batch_axes: tuple[str, ...] = (),
-        stream_layouts: bool = True,
-        preset: str = "auto",
-        model: str = "",
-        target: str = "gspmd",
-        pad_heads: Optional[PadHeads] = None,
-        fsdp_blocks: Optional[Mapping[str, int]] = None,
+        self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, options: Optional[DitOptions] = None, **changes
     ):
-        if preset not in PRESETS:
-            raise PlanError(f"unknown DiT plan preset {preset!r}; choose one of {list(PRESETS)}")
+        o = dc_replace(options or DitOptions(), **changes)
+        if o.preset not in PRESETS:
+            raise PlanError(f"unknown DiT plan preset {o.preset!r}; choose one of {list(PRESETS)}")
         graph = dit_graph(graph)  # stacks that are not transformer blocks planned op by op
         st = find_structure(graph)
         self.g, self.mesh, self.hw, self.st = graph, mesh, hw, st
-        self.n, self.copies, self.vals = num_blocks or st.captured_blocks, weight_copies, dict(values or {})
-        self.sequence_parallel, self.only, self.preset, self.model = sequence_parallel, dict(only or {}), preset, model
-        self.stream_layouts = stream_layouts
-        self.batch_axes = tuple(a for a in batch_axes if mesh.axis_size(a) > 1)
+        self.n, self.copies, self.vals = o.num_blocks or st.captured_blocks, o.weight_copies, dict(o.values or {})
+        self.sequence_parallel, self.only = o.sequence_parallel, dict(o.only or {})
+        self.preset, self.model = o.preset, o.model
+        self.stream_layouts = o.stream_layouts
+        self.batch_axes = tuple(a for a in o.batch_axes if mesh.axis_size(a) > 1)
         self.inputs = self._batch_inputs()
         self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros + st.family_macros for x in m.nodes}
         self.macros = st.block_macros + st.family_macros + st.root_macros
         self.family_first = {f.macros[0].name: f for f in st.families}
-        self.hidden = graph[st.entry].out.shape[-1] if stream_layouts and preset == "auto" else None
+        self.hidden = graph[st.entry].out.shape[-1] if o.stream_layouts and o.preset == "auto" else None
         self._ends: dict = {}  # (stream key, priced) -> `ends(key)`, computed once
-        self.target_name = target
+        self.target_name = o.target
         # None: GSPMD, whose reshards the rules' events are in; else the target the options are priced for
-        self.target = None if target == "gspmd" else get_target(target)
-        self.pad_heads = pad_heads
-        self.fsdp_blocks = dict(fsdp_blocks or {})
-        self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if pad_heads is not None else {}
+        self.target = None if o.target == "gspmd" else get_target(o.target)
+        self.pad_heads = o.pad_heads
+        self.fsdp_blocks = dict(o.fsdp_blocks or {})
+        self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if o.pad_heads is not None else {}
         self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or why not
         # macro name -> every ring option priced by `problem` (offered to the solver or not), `_RingOption`
         self._rings: dict[str, list[_RingOption]] = {}
+        self.options = dc_replace(o, num_blocks=self.n, batch_axes=self.batch_axes)  # as built: `_with` varies it
 
     def _with(self, graph: Optional[Graph] = None, mesh: Optional[MeshSpec] = None, **changes) -> "DitFamily":
         """This family's model and options, with `changes` (keyword arguments of the constructor)."""
-        options = dict(
-            num_blocks=self.n,
-            weight_copies=self.copies,
-            values=self.vals,
-            sequence_parallel=self.sequence_parallel,
-            only=self.only,
-            batch_axes=self.batch_axes,
-            stream_layouts=self.stream_layouts,
-            preset=self.preset,
-            model=self.model,
-            target=self.target_name,
-            pad_heads=self.pad_heads,
-            fsdp_blocks=self.fsdp_blocks,
-        )
-        return DitFamily(graph or self.g, mesh or self.mesh, self.hw, **{**options, **changes})
+        return DitFamily(graph or self.g, mesh or self.mesh, self.hw, self.options, **changes)
 
     def on(self, mesh: MeshSpec) -> "DitFamily":
         """The same model and options on another mesh (no batch axes)."""

@@ -20,7 +20,7 @@ from planner.plan import (
     Predicted,
 )
 from planner.propagate import Evaluation, evaluate
-from planner.strategies import dit_graph, find_structure
+from planner.structure import dit_graph, find_structure
 
 
 def price_plan(graph: Graph, plan: Plan, hardware: str | HardwareProfile, **how) -> Predicted:

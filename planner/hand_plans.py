@@ -28,7 +28,7 @@ from planner.graph import Graph, Node
 from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.plan import Plan, PlanError
-from planner.strategies import StructureError, block_stack_entry
+from planner.structure import StructureError, block_stack_entry
 
 
 def tp_sp_axes(mesh: MeshSpec) -> tuple[str, Optional[str]]:

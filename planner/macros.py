@@ -1,7 +1,7 @@
 """The one `Macro` of every model family, and what the engine does with macros whatever the family.
 
 A macro is a unit of work the ILP decides once: its ops (with the glue assigned to it) and the
-parameters they read. A family finds its macros (`planner.strategies.find_structure` for the DiT,
+parameters they read. A family finds its macros (`planner.structure.find_structure` for the DiT,
 `planner.vae_macros.find_macros` for the VAE) and lists their options; the pieces written here
 are the same for both:
 
@@ -35,7 +35,7 @@ class Macro:
     params: tuple[str, ...] = ()  # placeholder node names it reads
     # VAE: its ops and shapes; macros with equal signatures price alike and share one ILP group
     signature: tuple = ()
-    # DiT (`planner.strategies`)
+    # DiT (`planner.structure`)
     module: str = ""  # module path in the captured graph
     in_block: bool = False
     linears: tuple[str, ...] = ()  # linear node names, graph order

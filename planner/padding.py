@@ -16,12 +16,13 @@ import math
 from typing import Callable, Mapping
 
 from planner.graph import Graph
+from planner.macros import Macro
 from planner.mesh import MeshSpec
 from planner.packing import is_padded
 from planner.placements import shard_count
 from planner.plan import HeadPadding
 from planner.pricing import local_bytes
-from planner.strategies import Macro, Strategy, axis_sets
+from planner.strategies import Strategy, axis_sets
 
 # {block-generic module: padded heads} -> padded graph; raises PlanError where the rewrite cannot pad
 # one as asked (the check a plan that names the padding meets in the backend; the option is then excluded)

@@ -97,7 +97,7 @@ def target_collectives(
     graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None
 ) -> tuple[Collective, ...]:
     """`plan`'s predicted collectives as its target's compiled program holds them (`Target.lower`), with
-    the reshards the target compiles differently from GSPMD (`planner.propagate.redistribute`'s
+    the reshards the target compiles differently from GSPMD (`planner.reshard.redistribute`'s
     ``target``): the plan's collectives, less what the whole-graph propagation under GSPMD has and the
     target's does not, plus what only the target's has."""
     target = get_target(plan.target)

@@ -32,7 +32,8 @@ from planner.hardware import HardwareProfile
 from planner.ilp import KIB, Option
 from planner.mesh import MeshSpec
 from planner.placements import Layout, as_number, local_shape, numel
-from planner.propagate import Evaluation, evaluate, redistribute
+from planner.propagate import Evaluation, evaluate
+from planner.reshard import redistribute
 from planner.targets import Target
 
 # Live at once around the largest op: its inputs and output (the live set), the residual stream they

@@ -37,9 +37,10 @@ from planner.collective import Collective
 from planner.cost_model import axis_devices, collective_seconds, ring_attention_seconds
 from planner.graph import Graph
 from planner.hardware import HardwareProfile
+from planner.macros import Macro
 from planner.mesh import MeshSpec
 from planner.propagate import Evaluation, evaluate
-from planner.strategies import Macro, Strategy
+from planner.strategies import Strategy
 
 
 @dataclass(frozen=True)

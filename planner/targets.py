@@ -26,7 +26,7 @@ A plan is compiled by one of two partitioners (DESIGN.md §5 "Targets"):
     and the planner only reports what ring would buy (`planner.ring`); GSPMD has none either.
 
 `planner.pins.target_collectives` predicts a pinned plan's collectives with the target's reshards
-(`planner.propagate.redistribute`'s ``target``); `Target.lower` turns them (GSPMD's terms, as the op rules emit them) into
+(`planner.reshard.redistribute`'s ``target``); `Target.lower` turns them (GSPMD's terms, as the op rules emit them) into
 the target's: identity for ``gspmd``, TTNN ops for ``tt-mlir`` (``ttnn.point_to_point`` counted as
 ``collective-permute``, as ``plan.json``'s ``predicted_by_partitioner`` records them).
 """

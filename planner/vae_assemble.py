@@ -15,7 +15,7 @@ from planner import engine, pricing
 from planner.macros import Macro, crossing
 from planner.placements import as_number, numel
 from planner.plan import ActivationConstraint, Plan, Predicted
-from planner.propagate import redistribute
+from planner.reshard import redistribute
 from planner.vae_macros import key_name, stream_layout
 from planner.vae_strategies import VaeStrategy
 

@@ -75,7 +75,7 @@ def _linear(op: OpView, x: int, w: int, b: int | None, w_nk: bool) -> RuleResult
     k_local = k / shard_count(op.mesh, k_axes) if k_axes else k
     comm = ()
     # partial sums the output constraint splits onto a dim stay partial here: the constraint's
-    # redistribution reduce-scatters them (`planner.propagate.redistribute`); the rest are all-reduced
+    # redistribution reduce-scatters them (`planner.reshard.redistribute`); the rest are all-reduced
     wanted = op.wanted.axes if op.wanted is not None else ()
     scattered = tuple(a for a in k_axes if a in wanted)
     reduced = tuple(a for a in k_axes if a not in scattered)
