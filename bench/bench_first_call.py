@@ -111,4 +111,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-first-call.md", "Time to first call: capture, plan, lower, XLA compile; a second process with the caches")

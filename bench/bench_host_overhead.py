@@ -153,4 +153,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from _docs import main_writing
+
+    main_writing(main, "bench-host-overhead.md", "Host overhead per call vs torch_xla's openxla_eval")
