@@ -113,4 +113,8 @@ def main() -> None:
 if __name__ == "__main__":
     from _docs import main_writing
 
-    main_writing(main, "bench-first-call.md", "Time to first call: capture, plan, lower, XLA compile; a second process with the caches")
+    main_writing(
+        main,
+        "bench-first-call.md",
+        "Time to first call: capture, plan, lower, XLA compile; a second process with the caches",
+    )
