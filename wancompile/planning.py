@@ -62,13 +62,10 @@ class HeadPadder:
 
 
 def plan_for(
-    graph: Graph,
-    mesh: MeshSpec,
-    opts: Options,
-    values: Optional[dict[str, int]] = None,
-    padder: Optional[HeadPadder] = None,
+    graph: Graph, mesh: MeshSpec, opts: Options, values: dict[str, int], padder: HeadPadder
 ) -> tuple[Plan, bool]:
-    """The plan for `graph` and whether it came from the plan cache (`wancompile.cache`)."""
+    """The plan for `graph` (`values`: its symbolic sizes, `symbol_values`) and whether it came from the
+    plan cache (`wancompile.cache`)."""
     if opts.plan == "tt-xla":
         from planner.hand_plans import tt_xla_plan  # the tt-xla preset through the engine
 
@@ -149,17 +146,11 @@ def solve(
 
     # priced as the target compiles: what its partitioner cannot lower is priced out (Target.profile)
     profile = get_target(opts.resolved_target).profile(resolve_hardware(opts.hardware, mesh))
+    common = dict(memory_gb=opts.memory_gb, model=graph.model, target=opts.resolved_target)  # both planners'
     if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
         if opts.cfg_parallel == "on":
             log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
-        return plan_vae(
-            graph,
-            mesh,
-            profile,
-            memory_gb=opts.memory_gb,
-            model=graph.model,
-            target=opts.resolved_target,
-        )
+        return plan_vae(graph, mesh, profile, **common)
     if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
         # A batch-2 graph (the CFG pair as one forward) gets the costed CFG-parallel choice (planner.cfg).
         return plan_dit(
@@ -167,13 +158,11 @@ def solve(
             mesh,
             profile,
             cfg_parallel=opts.cfg_parallel,
-            memory_gb=opts.memory_gb,
-            model=graph.model,
             values=values or None,
             weight_copies=opts.weight_sets,
-            target=opts.resolved_target,
             pad_heads=padder,
             sequential=CFG_PAIR_SPLITTABLE.get(),
+            **common,
         )
     return replicated_plan(graph, mesh, opts)
 
