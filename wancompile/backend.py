@@ -14,9 +14,6 @@ without a plan that fits it.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-import fnmatch
 import logging
 import re
 import time
@@ -31,11 +28,16 @@ import torch.fx as fx
 from planner.graph import Graph
 from planner.hardware import default_hardware  # the one default rule (docs/errors.md, README)
 from planner.mesh import MeshSpec
-from planner.plan import InfeasiblePlanError, Plan, PlanError, RewriteRecord, load_plan, replicated_params
+from planner.plan import InfeasiblePlanError, Plan, PlanError, RewriteRecord
 from wancompile import runtime
 from wancompile.capture import annotate
+from wancompile.cfg_context import CFG_PAIR_SPLITTABLE as CFG_PAIR_SPLITTABLE  # re-exported
+from wancompile.cfg_context import cfg_pair_splittable as cfg_pair_splittable
 from wancompile.options import Options
-from wancompile.verify import VerificationError, check_finite_inputs, numerics, tolerance
+from wancompile.planning import HeadPadder, plan_for, solved_plan, symbol_values
+from wancompile.planning import replicated_plan as replicated_plan
+from wancompile.planning import solve as solve
+from wancompile.wrappers import _GuardedProgram, _Verifying
 
 log = logging.getLogger("wancompile")
 
@@ -49,21 +51,6 @@ class Component(str, Enum):
     DIT = "wan-dit"  # a Wan DiT forward (repeated attention blocks)
     VAE = "wan-vae"  # a Wan VAE decode
     GRAPH = "graph"  # anything else: runs replicated
-
-
-# True while a caller that can run a CFG pair as two batch-1 forwards instead (compile_pipeline's `CFGBatched`)
-# calls its batch-2 forward: the planner may then choose ``sequential`` (planner.cfg.CfgSequential is raised)
-CFG_PAIR_SPLITTABLE: contextvars.ContextVar[bool] = contextvars.ContextVar("wancompile_cfg_pair", default=False)
-
-
-@contextlib.contextmanager
-def cfg_pair_splittable(flag: bool = True):
-    """Calls inside run a CFG pair's batch-2 forward that the caller can run as two forwards instead."""
-    token = CFG_PAIR_SPLITTABLE.set(flag)
-    try:
-        yield
-    finally:
-        CFG_PAIR_SPLITTABLE.reset(token)
 
 
 @dataclass(frozen=True)
@@ -125,7 +112,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     padder = HeadPadder(gm, graph)
     started = time.perf_counter()
     try:
-        plan, cached = _plan_for(graph, mesh, opts, symbol_values(gm), padder)
+        plan, cached = plan_for(graph, mesh, opts, symbol_values(gm), padder)
     except InfeasiblePlanError as e:
         raise _with_rewrites(e, records) from None
     plan_s = time.perf_counter() - started
@@ -180,12 +167,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
                 "break; plan without the `plan` option (or save one per resolution)"
             )
-        from wancompile.cache import cached_plan
-
-        settings = _plan_settings(opts, values, True)
-        new, _ = cached_plan(
-            opts.cache_dir, unpadded, mesh, settings, lambda: solve(unpadded, mesh, opts, values, padder)
-        )
+        new, _ = solved_plan(unpadded, mesh, opts, values, padder)
         if new.head_padding != plan.head_padding:
             raise PlanError(
                 f"re-planning for sizes {values} changed the padded attention heads ({plan.head_padding or 'none'} -> "
@@ -296,185 +278,6 @@ def _model_name(gm: fx.GraphModule) -> Component:
     return Component.DIT if any("blocks_modules_0" in t for t in targets) else Component.GRAPH
 
 
-class HeadPadder:
-    """The graphs of one captured model with attention heads zero-padded (rewrites/pad_heads.py):
-    the planner's ``pad_heads`` function (`planner.padding`), and the graph a plan that pads names.
-    Each padding is made once."""
-
-    def __init__(self, gm: fx.GraphModule, graph: Graph) -> None:
-        self.gm, self.model = gm, graph.model
-        # {pads} -> (GraphModule, planner graph, where the rewrite padded, why it skipped any)
-        self._made: dict[frozenset, tuple] = {frozenset(): (gm, graph, (), ())}
-
-    def __call__(self, pads: Mapping[str, int]) -> Graph:
-        """The planner graph with `pads` applied; raises PlanError as `graphs` does (one check for
-        the options the planner offers and the plans the backend builds)."""
-        return self.graphs(pads)[1]
-
-    def graphs(self, pads: Mapping[str, int]) -> tuple[fx.GraphModule, Graph]:
-        """(GraphModule, planner graph) with `pads` applied ({}: the model's); raises PlanError when
-        an attention cannot be padded as the plan says."""
-        gm, graph, where, skipped = self._make(pads)
-        missing = [p for p in pads if not any(fnmatch.fnmatchcase(w, p) for w in where)]
-        if missing:
-            raise PlanError(
-                f"the plan runs {', '.join(missing)} on padded heads, but this model's attention there cannot be "
-                f"padded ({'; '.join(skipped) or 'no such attention'}); re-plan for this model"
-            )
-        return gm, graph
-
-    def _make(self, pads: Mapping[str, int]) -> tuple:
-        from rewrites.pad_heads import pad_heads
-
-        key = frozenset(pads.items())
-        if key not in self._made:
-            gm = fx.GraphModule(self.gm, self.gm.graph.__deepcopy__())
-            report = pad_heads(gm, dict(pads))
-            gm.recompile()
-            self._made[key] = (gm, annotate(gm, model=self.model), report.where, report.skipped)
-        return self._made[key]
-
-
-def _plan_for(
-    graph: Graph,
-    mesh: MeshSpec,
-    opts: Options,
-    values: Optional[dict[str, int]] = None,
-    padder: Optional[HeadPadder] = None,
-) -> tuple[Plan, bool]:
-    """The plan for `graph` and whether it came from the plan cache (`wancompile.cache`)."""
-    if opts.plan == "tt-xla":
-        from planner.hand_plans import tt_xla_plan  # the tt-xla preset through the engine
-
-        return tt_xla_plan(graph, mesh, opts.hardware or default_hardware(mesh), values=values), False
-    if opts.plan is not None:
-        plan = load_plan(opts.plan)
-        if plan.user_mesh.shape != mesh.shape:
-            raise PlanError(
-                f"plan {opts.plan} was made for mesh {plan.user_mesh} but this compile uses mesh {mesh}; "
-                f"pass mesh={str(plan.user_mesh)!r} or re-plan for {mesh}"
-            )
-        if plan.user_mesh.axis_names != mesh.axis_names:
-            raise PlanError(
-                f"plan {opts.plan} names mesh axes {plan.user_mesh.axis_names}, this mesh has {mesh.axis_names}"
-            )
-        if plan.weight_sets is not None and plan.weight_sets < opts.weight_sets:
-            log.warning(
-                "wan_autoshard: plan %s was budgeted for %d resident weight set(s) but weight_sets=%d; it may not "
-                "fit device memory. Re-plan with weight_sets=%d (drop the `plan` option).",
-                opts.plan,
-                plan.weight_sets,
-                opts.weight_sets,
-                opts.weight_sets,
-            )
-        return plan, False
-    from wancompile.cache import cached_plan
-
-    settings = _plan_settings(opts, values, padder is not None)  # solved, or read from the plan cache
-    return cached_plan(opts.cache_dir, graph, mesh, settings, lambda: solve(graph, mesh, opts, values, padder))
-
-
-def _plan_settings(opts: Options, values: Optional[dict[str, int]], padded: bool) -> dict[str, Any]:
-    """What besides the graph and the mesh a solved plan depends on: its plan-cache key (`wancompile.cache`)."""
-    return dict(
-        hardware=opts.hardware,
-        memory_gb=opts.memory_gb,
-        weight_sets=opts.weight_sets,
-        cfg_parallel=opts.cfg_parallel,
-        target=opts.resolved_target,
-        values=values or {},
-        pad_heads=padded,
-        sequential=CFG_PAIR_SPLITTABLE.get(),
-    )
-
-
-def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
-    """Example sizes of the symbolic dims of a ``dynamic=True`` capture (the sizes dynamo saw), which
-    the planner prices with while the plan keeps the symbols in its guards."""
-    out = {}
-    for n in gm.graph.nodes:
-        v = n.meta.get("example_value")
-        if n.op == "placeholder" and isinstance(v, torch.SymInt) and v.node.hint is not None:
-            out[str(v.node.expr)] = int(v.node.hint)
-    return out
-
-
-def solve(
-    graph: Graph,
-    mesh: MeshSpec,
-    opts: Options,
-    values: Optional[dict[str, int]] = None,
-    padder: Optional[HeadPadder] = None,
-) -> Plan:
-    """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
-    graph, the DiT planner's for a Wan DiT graph (with padded-head options where `padder` is
-    given), else replicated (`replicated_plan`)."""
-    from planner.cfg import plan_dit
-    from planner.hardware import resolve_hardware
-    from planner.targets import get_target
-    from planner.vae_plan import is_vae_graph, plan_vae
-
-    # priced as the target compiles: what its partitioner cannot lower is priced out (Target.profile)
-    profile = get_target(opts.resolved_target).profile(resolve_hardware(opts.hardware, mesh))
-    if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
-        if opts.cfg_parallel == "on":
-            log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
-        return plan_vae(
-            graph,
-            mesh,
-            profile,
-            memory_gb=opts.memory_gb,
-            model=graph.model,
-            target=opts.resolved_target,
-        )
-    if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
-        # A batch-2 graph (the CFG pair as one forward) gets the costed CFG-parallel choice (planner.cfg).
-        return plan_dit(
-            graph,
-            mesh,
-            profile,
-            cfg_parallel=opts.cfg_parallel,
-            memory_gb=opts.memory_gb,
-            model=graph.model,
-            values=values or None,
-            weight_copies=opts.weight_sets,
-            target=opts.resolved_target,
-            pad_heads=padder,
-            sequential=CFG_PAIR_SPLITTABLE.get(),
-        )
-    return replicated_plan(graph, mesh, opts)
-
-
-def replicated_plan(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
-    """The plan for a graph neither planner plans (no repeated attention blocks, not a Wan VAE decode):
-    every parameter replicated, within ``memory_gb`` (its parameters, times ``weight_sets``, on each
-    device) or a `MemoryBudgetError` naming the budget that holds them."""
-    from planner.plan import MemoryBudgetError
-
-    need_gb = sum(int(p.out.nbytes) for p in graph.params()) * opts.weight_sets / 1e9
-    if opts.memory_gb is not None and need_gb > opts.memory_gb:
-        raise MemoryBudgetError(
-            f"{_graph_name(graph)} has no repeated attention blocks and is not a Wan VAE decode, so it runs "
-            f"replicated, and its parameters ({opts.weight_sets} weight set(s)) need {need_gb:.6g} GB per device, "
-            f"over memory_gb={opts.memory_gb:.6g}. Raise memory_gb to at least {need_gb:.6g}, or compile the "
-            "part of the model that holds the weights (the transformer, the VAE decode) by itself",
-            budget_gb=opts.memory_gb,
-            need_gb=need_gb,
-        )
-    log.warning(
-        "wan_autoshard: %s has no repeated attention blocks and is not a Wan VAE decode: running it "
-        "replicated on mesh %s (%.6g GB of parameters per device)",
-        _graph_name(graph),
-        mesh,
-        need_gb,
-    )
-    return Plan(graph.model, mesh, replicated_params(graph), notes=("no repeated attention blocks: replicated",))
-
-
-def _graph_name(graph: Graph) -> str:
-    return f"graph {graph.model}" if graph.model not in ("", "graph") else "the graph"
-
-
 def _check_retarget(graph: Graph, plan: Plan, saved: str, path: Path) -> None:
     """A saved plan compiled for another target than it was made for: fine unless it splits convs
     spatially and the two targets get their halos differently (its collectives would not be the program's)."""
@@ -512,75 +315,3 @@ def _symbol_positions(gm: fx.GraphModule) -> dict[str, int]:
         if isinstance(v, torch.SymInt):
             out[str(v.node.expr)] = i
     return out
-
-
-class _GuardedProgram:
-    """One dynamic graph, many resolutions: each call's sizes are checked against the plan's guards
-    (e.g. tokens divisible by the SP degree); sizes that break them get a plan of their own
-    (re-planned once per distinct size, then cached), instead of silently uneven shards."""
-
-    def __init__(
-        self, program, plan: Plan, symbols: dict[str, int], replan: Callable, planned_for: dict[str, int]
-    ) -> None:
-        # The contract is what the plan assumed and its own sizes satisfy; a guard already broken at
-        # those sizes (e.g. 32-token tiles at 48 tokens) is a padding hint, not an assumption.
-        self.plan = plan.with_(
-            guards=tuple(dict.fromkeys(g for g in plan.guards if not planned_for or g.holds(planned_for)))
-        )
-        self.symbols, self.replan = symbols, replan
-        self.programs: dict[tuple, Any] = {}
-        self.base = program
-
-    def __call__(self, *args: Any) -> Any:
-        from planner.guards import check_guards
-
-        values = {name: int(args[i]) for name, i in self.symbols.items()}
-        key = tuple(sorted(values.items()))
-        program = self.programs.get(key)
-        if program is None:
-            check = check_guards(self.plan, values)
-            if check.action == "reuse":
-                program = self.base
-            else:
-                log.info("wan_autoshard: sizes %s break the plan's guards (%s); re-planning for them", values, check)
-                program = self.replan(values)
-            self.programs[key] = program
-        return program(*args)
-
-
-class _Verifying:
-    """Runs the program; on the first call also runs it unsharded and raises on mismatch."""
-
-    def __init__(self, program) -> None:
-        self.program = program
-
-    def __call__(self, *args: Any) -> Any:
-        if self.program.verification is None and hasattr(self.program, "graph"):
-            check_finite_inputs(self.program.graph, args)  # bad inputs are not the plan's fault: say so first
-        out = self.program(*args)
-        if self.program.verification is None:
-            ref = self.program.replicated()(*args)
-            result = numerics(out, ref)
-            if not all(torch.isfinite(t.detach().cpu()).all() for t in _tensors(ref)):
-                raise VerificationError(
-                    "wan_autoshard verify: the unsharded program itself gives NaN/Inf on these (finite) inputs, so the "
-                    "plan cannot be checked; look at the model or its inputs' range, not the plan"
-                )
-            self.program.verification = result
-            dtype = next((t.dtype for t in _tensors(out)), torch.float32)
-            if not result.pcc >= tolerance(dtype):
-                raise VerificationError(
-                    f"wan_autoshard verify: the sharded program disagrees with the unsharded one ({result}; "
-                    f"needs PCC >= {tolerance(dtype)}). Plan: {self.program.plan.summary()}. "
-                    "Report this with the dump_dir contents; run with verify off only if you accept it."
-                )
-            log.info("wan_autoshard verify: %s", result)
-        return out
-
-
-def _tensors(x: Any) -> list:
-    if isinstance(x, torch.Tensor):
-        return [x]
-    if isinstance(x, (tuple, list)):
-        return [t for v in x for t in _tensors(v)]
-    return []

@@ -54,6 +54,7 @@ _A14B = dict(
     qk_norm="rms_norm_across_heads",
     eps=1e-6,
 )
+_A14B_RESOLUTIONS = {"480p": (480, 832), "720p": (720, 1280)}
 
 MODELS: dict[str, WanModel] = {
     m.name: m
@@ -61,31 +62,18 @@ MODELS: dict[str, WanModel] = {
         WanModel(
             "wan2.2-t2v-a14b",
             _A14B,
-            resolutions={"480p": (480, 832), "720p": (720, 1280)},
+            resolutions=_A14B_RESOLUTIONS,
             description="Wan 2.2 T2V-A14B, one of its two experts (identical structure)",
         ),
         WanModel(
             "wan2.2-i2v-a14b",
             {**_A14B, "in_channels": 36},
-            resolutions={"480p": (480, 832), "720p": (720, 1280)},
+            resolutions=_A14B_RESOLUTIONS,
             description="Wan 2.2 I2V-A14B, one expert; image latents concatenated on channels",
         ),
         WanModel(
             "wan2.2-ti2v-5b",
-            dict(
-                patch_size=(1, 2, 2),
-                num_attention_heads=24,
-                attention_head_dim=128,
-                in_channels=48,
-                out_channels=48,
-                text_dim=4096,
-                freq_dim=256,
-                ffn_dim=14336,
-                num_layers=30,
-                cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads",
-                eps=1e-6,
-            ),
+            dict(_A14B, num_attention_heads=24, in_channels=48, out_channels=48, ffn_dim=14336, num_layers=30),
             vae_stride=(4, 16, 16),
             resolutions={"480p": (480, 832), "720p": (704, 1280)},
             description="Wan 2.2 TI2V-5B (Wan 2.2 VAE, 16x spatial)",
@@ -93,7 +81,7 @@ MODELS: dict[str, WanModel] = {
         WanModel(
             "tiny",
             dict(
-                patch_size=(1, 2, 2),
+                _A14B,
                 num_attention_heads=4,
                 attention_head_dim=16,
                 in_channels=4,
@@ -102,9 +90,6 @@ MODELS: dict[str, WanModel] = {
                 freq_dim=16,
                 ffn_dim=96,
                 num_layers=2,
-                cross_attn_norm=True,
-                qk_norm="rms_norm_across_heads",
-                eps=1e-6,
                 rope_max_seq_len=32,
             ),
             vae_stride=(4, 8, 8),
@@ -116,11 +101,15 @@ MODELS: dict[str, WanModel] = {
 }
 
 
-def get_model(name: str) -> WanModel:
+def _lookup(table: dict[str, Any], name: str, what: str) -> Any:
     try:
-        return MODELS[name]
+        return table[name]
     except KeyError:
-        raise ValueError(f"unknown model {name!r}; choose one of {sorted(MODELS)}") from None
+        raise ValueError(f"unknown {what} {name!r}; choose one of {sorted(table)}") from None
+
+
+def get_model(name: str) -> WanModel:
+    return _lookup(MODELS, name, "model")
 
 
 def build_transformer(
@@ -170,20 +159,20 @@ def transformer_inputs(
 
 # diffusers' own tiny Wan pipeline components (tests/pipelines/wan/test_wan.py, test_wan_22.py):
 # a 2-block DiT with 2 heads x 12, text_dim 32, and a 3-channel Wan 2.1 VAE.
-TINY_PIPELINE_TRANSFORMER = dict(
-    patch_size=(1, 2, 2),
-    num_attention_heads=2,
-    attention_head_dim=12,
-    in_channels=16,
-    out_channels=16,
-    text_dim=32,
-    freq_dim=256,
-    ffn_dim=32,
-    num_layers=2,
-    cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads",
-    rope_max_seq_len=32,
-)
+# (the tiny DiT's config at their sizes; no `eps`, as their tests write it: diffusers' default, 1e-6)
+TINY_PIPELINE_TRANSFORMER = {
+    k: v
+    for k, v in dict(
+        MODELS["tiny"].transformer,
+        num_attention_heads=2,
+        attention_head_dim=12,
+        in_channels=16,
+        out_channels=16,
+        freq_dim=256,
+        ffn_dim=32,
+    ).items()
+    if k != "eps"
+}
 TINY_PIPELINE_VAE = dict(
     base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True]
 )
@@ -376,10 +365,7 @@ FAMILIES: dict[str, FamilyConfig] = {
 
 
 def get_family(name: str) -> FamilyConfig:
-    try:
-        return FAMILIES[name]
-    except KeyError:
-        raise ValueError(f"unknown model family {name!r}; choose one of {sorted(FAMILIES)}") from None
+    return _lookup(FAMILIES, name, "model family")
 
 
 def build_family(name: str, *, seed: int = 0, **overrides: Any) -> tuple[torch.nn.Module, dict[str, Any]]:

@@ -32,6 +32,11 @@ from wancompile.tt import env, ttnn
 from wancompile.verify import CollectiveMatch, compare_collectives
 
 
+def _attrs(obj, *names: str) -> dict:
+    """`obj`'s attributes `names`, by name (the plain fields of a `to_json`)."""
+    return {n: getattr(obj, n) for n in names}
+
+
 @dataclass(frozen=True)
 class ProgramCheck:
     """One program compiled for one system."""
@@ -52,12 +57,7 @@ class ProgramCheck:
 
     def to_json(self) -> dict:
         return {
-            "program": self.program,
-            "system": self.system,
-            "compiled": self.compiled,
-            "error": self.error,
-            "seconds": self.seconds,
-            "as_predicted": self.as_predicted,
+            **_attrs(self, "program", "system", "compiled", "error", "seconds", "as_predicted"),
             "collectives": [
                 {
                     "kind": m.kind,
@@ -238,11 +238,7 @@ class ModelCheck:
     def to_json(self) -> dict:
         return {
             "plan": self.plan_summary,
-            "pins": self.pins,
-            "constraints": self.constraints,
-            "pcc": self.pcc,
-            "max_abs": self.max_abs,
-            "ok": self.ok,
+            **_attrs(self, "pins", "constraints", "pcc", "max_abs", "ok"),
             "programs": [c.to_json() for c in self.checks],
         }
 

@@ -30,25 +30,11 @@ VAE_CONFIGS: dict[str, dict[str, Any]] = {
         scale_factor_temporal=4,
         scale_factor_spatial=16,
     ),
-    "tiny-wan2.1": dict(
-        base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1, temperal_downsample=[False, True, True]
-    ),
-    # decoder at 8 channels (base_dim only sizes the encoder, which decoding never runs)
-    "tiny-wan2.2": dict(
-        base_dim=4,
-        decoder_base_dim=8,
-        z_dim=48,
-        dim_mult=[1, 2, 4, 4],
-        num_res_blocks=1,
-        temperal_downsample=[False, True, True],
-        is_residual=True,
-        patch_size=2,
-        in_channels=12,
-        out_channels=12,
-        scale_factor_temporal=4,
-        scale_factor_spatial=16,
-    ),
 }
+# the tiny stand-ins: the full-size configs at a few channels, one residual block per stage
+VAE_CONFIGS["tiny-wan2.1"] = dict(VAE_CONFIGS["wan2.1"], base_dim=8, dim_mult=[1, 2, 2, 2], num_res_blocks=1)
+# decoder at 8 channels (base_dim only sizes the encoder, which decoding never runs)
+VAE_CONFIGS["tiny-wan2.2"] = dict(VAE_CONFIGS["wan2.2"], base_dim=4, decoder_base_dim=8, num_res_blocks=1)
 
 
 def build_vae(name: str, *, device: str | torch.device = "cpu", seed: int = 0, dtype: torch.dtype = torch.float32):

@@ -1,0 +1,7 @@
+"""``python -m wancompile.cli``: the console script."""
+
+import sys
+
+from wancompile.cli import main
+
+sys.exit(main())
