@@ -48,7 +48,7 @@ def test_rewrites_all_and_none():
 
 
 def test_unknown_option_key_is_an_error_listing_the_known_ones():
-    known = r"known options: axis_names, cfg_parallel, dump_dir"
+    known = r"known options: axis_names, cache_dir, cfg_parallel, dump_dir, fold_parameters"
     with pytest.raises(OptionsError, match=r"unknown wan_autoshard option 'mesh_shape'.*" + known):
         Options.from_user({"mesh_shape": "8x4"}, env={})
 
