@@ -82,8 +82,21 @@ def _check_patch(m: Match):
 
 
 def conv1x1_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
+    _positional(gm, lambda n: _kernel(n) and all(k == 1 for k in _kernel(n)))
     patterns = [Pattern(_conv_pattern(conv), _linear_over_channels, _check_1x1) for conv in _CONVS.values()]
     return rewrite_patterns(gm, "conv1x1", patterns)
+
+
+def _positional(gm: fx.GraphModule, candidate) -> None:
+    """Write the `candidate` conv calls made with keywords (``F.conv2d(x, w, bias=None, padding=0)``, as
+    Animate's motion encoder calls them) in the seven-argument form ``nn.ConvNd`` emits, the form the
+    pattern states: the same call."""
+    names = ("input", "weight", "bias", "stride", "padding", "dilation", "groups")
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and n.target in CONV and n.kwargs and candidate(n):
+            args = _conv_args(n)
+            n.args, n.kwargs = tuple(args[k] for k in names), {}
+    gm.recompile()
 
 
 def patch_embed_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:

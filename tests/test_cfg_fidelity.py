@@ -72,6 +72,17 @@ def test_cfg_parallel_compiles_to_its_plan(devices, cases):
         assert row["pcc_one_device"] >= 0.99999, (where, row["pcc_one_device"])
         assert row["sharded_params"] > 0 and row["matches"], where
         matches = row["matches"]
+        if row["case"] in ("4x2", "2x4/model"):
+            # 2x2x2 meshes with a cfg axis: the FFN's FSDP twin (one block) splits net.0's weight rows over
+            # (model, batch); GSPMD gathers it whole over (batch, model) and slices, where the plan (and GSPMD on
+            # a 2-D mesh) gathers over batch only: one gather moves to the other axes at twice the bytes. Pinned
+            # so we notice when it changes; the rule behind it is not known (the same form on 2x4x4 is as
+            # predicted), so the planner does not model it
+            by = {(m["kind"], tuple(m["axes"])): m for m in matches}
+            on_batch, on_both = by[("all-gather", ("batch",))], by[("all-gather", ("batch", "model"))]
+            assert on_batch["predicted_count"] - 1 == on_batch["observed_count"], where
+            assert on_both["predicted_count"] + 1 == on_both["observed_count"], where
+            matches = [m for m in matches if m["kind"] != "all-gather"]
         if row["case"] == "8x4/model":
             # GSPMD gathers some FSDP weights over (batch, model) where the plan gathers over batch only; pinned
             # so we notice when it changes (planner/cfg.py: why such splits are not tried by default)
