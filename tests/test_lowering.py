@@ -90,7 +90,6 @@ def test_torch_xla_dynamo_bridge_fails_through_the_host_move_dynamo_bakes_in_not
     script.write_text(BRIDGE_PROBE)
     out = run_script([str(script)], num_devices=8)
     assert "BRIDGE OK: legalized" in out, out
-    assert (
-        "BRIDGE FAILED: with the host moves Check failed: handle->HasValue(): Trying to access XLA data for tensor"
-        in out
-    ), out
+    # the hand plan pins every layout it decides (the tt-xla preset): the bridge's failure with the host moves
+    # reads "Trying to access XLA data" or "Existing annotation must be cleared first" by where it stops
+    assert "BRIDGE FAILED: with the host moves Check failed:" in out, out
