@@ -137,3 +137,28 @@ def test_only_deterministic_parameter_only_ops_are_folded():
     bound = x.abs() @ w.abs().sum(0, keepdim=True).t()
     assert (noise_term.abs() <= bound + 1e-5).all()
     assert program.fold.runs == 1
+
+
+class _Scaled(torch.nn.Module):
+    """A parameter-only product, spelled as an operator or as a method: one XLA graph either way."""
+
+    def __init__(self, as_method: bool):
+        super().__init__()
+        self.w, self.as_method = torch.nn.Parameter(torch.randn(24, 40)), as_method
+
+    def forward(self, x):
+        return x @ (self.w.mul(3) if self.as_method else self.w * 3)
+
+
+def test_a_fold_program_xla_serves_from_its_cache_finds_the_hlo_compiled_first():
+    torch.manual_seed(0)
+    x = torch.randn(5, 24)
+    first, args = _lower(_Scaled(as_method=False).eval(), x)
+    second, other_args = _lower(_Scaled(as_method=True).eval(), x)
+    assert first.fold.split.fold.code != second.fold.split.fold.code  # different FX code ...
+    with torch.no_grad():
+        first(*args)
+        second(*other_args)  # ... one traced graph: XLA compiles it once and dumps nothing the second time
+    assert first.fold.graph_hash == second.fold.graph_hash
+    assert first.fold_hlo_path is not None and second.fold_hlo_path == first.fold_hlo_path
+    assert second.fold_collectives() == []

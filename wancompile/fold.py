@@ -234,6 +234,7 @@ class FoldedValues:
         self._sets: OrderedDict[tuple, tuple[list[weakref.ref], list[torch.Tensor]]] = OrderedDict()
         self._values: list[torch.Tensor] = []  # the values of the last call's set
         self.runs = 0  # how many times the fold program ran (tests, logs)
+        self.graph_hash: Optional[bytes] = None  # XLA's compile-cache key of the last run (wancompile.hlo_record)
 
     def _key(self, args: Sequence[Any]) -> tuple:
         return tuple((id(args[i]), args[i]._version) for i in self.split.sources)
@@ -269,6 +270,7 @@ class FoldedValues:
         values = [v.clone() for v in self.split.fold(*inputs)]
         if sink is not None:
             sink(values)
+        self.graph_hash = torch_xla._XLAC._get_graph_hash(values)
         torch_xla._XLAC._xla_sync_multi(values, [], wait=True)
         self._sets[key] = ([weakref.ref(args[i]) for i in self.split.sources], values)
         while len(self._sets) > self.max_sets:

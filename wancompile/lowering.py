@@ -32,7 +32,7 @@ from planner.graph import Graph
 from planner.mesh import PartitionSpec
 from planner.plan import Plan, replicated_params
 from wancompile.constraints import insert_constraints
-from wancompile.hlo_record import HloRecord, fold_key, program_key
+from wancompile.hlo_record import HloRecord, program_key
 from wancompile.legalize import legalize, place_factories
 from wancompile.meshes import mesh_for_plan, mesh_spec_of, xla_mesh
 from wancompile.params import ProgramArguments
@@ -161,7 +161,8 @@ class ShardedProgram:
                     with torch.no_grad():
                         args[i].copy_(xla_args[i].to(args[i].device))
             if started is not None:
-                self._hlo.finish(started, program_key(self.lowered, self.plan, xla_args))
+                key = replay.graph_hash if replay is not None else program_key(self.lowered, self.plan, xla_args)
+                self._hlo.finish(started, key)
         if t0 is not None:
             self.first_call_s = time.perf_counter() - t0
         return out if host is None else _to_host(out, host)
@@ -202,9 +203,7 @@ class ShardedProgram:
 
         values = self.fold.get(args, device_arg, sink=(lambda outs: sink("fold", outs)) if sink is not None else None)
         if started is not None and self.fold.runs > runs:
-            specs = self.arguments.specs
-            inputs = [(specs[i], tuple(args[i].shape), str(args[i].dtype)) for i in self.fold.split.sources]
-            self._fold_hlo.finish(started, fold_key(self.fold.split.fold, inputs, self.plan))
+            self._fold_hlo.finish(started, self.fold.graph_hash)
         return values
 
     def collectives(self) -> list:
