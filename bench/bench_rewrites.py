@@ -18,8 +18,6 @@ import torch.fx as fx
 
 from rewrites import PASS_NAMES, RewriteContext, apply_rewrites
 
-RESOLUTIONS = {"480p": (60, 104), "720p": (90, 160)}  # latent H×W for 832×480 and 1280×720, 21 latent frames
-
 
 def capture(fn, *args) -> list[fx.GraphModule]:
     from wancompile.capture import record_graphs
@@ -79,26 +77,11 @@ def tiny_vae() -> list[fx.GraphModule]:
 
 
 def a14b(layers: int, resolution: str) -> list[fx.GraphModule]:
-    from diffusers import WanTransformer3DModel
+    from wancompile.models import build_transformer, transformer_inputs
 
-    with torch.device("meta"):
-        model = WanTransformer3DModel(
-            patch_size=(1, 2, 2),
-            num_attention_heads=40,
-            attention_head_dim=128,
-            in_channels=16,
-            out_channels=16,
-            text_dim=4096,
-            freq_dim=256,
-            ffn_dim=13824,
-            num_layers=layers,
-            cross_attn_norm=True,
-            qk_norm="rms_norm_across_heads",
-            eps=1e-6,
-        ).eval()
-        height, width = RESOLUTIONS[resolution]
-        x = torch.randn(1, 16, 21, height, width)
-        t, prompt = torch.tensor([500]), torch.randn(1, 512, 4096)
+    model = build_transformer("wan2.2-t2v-a14b", device="meta", num_layers=layers)
+    inputs = transformer_inputs("wan2.2-t2v-a14b", resolution, 81, device="meta")
+    x, t, prompt = inputs["hidden_states"], inputs["timestep"], inputs["encoder_hidden_states"]
     return capture(lambda *a: model(*a, return_dict=False), x, t, prompt)
 
 
@@ -116,7 +99,7 @@ def measure(graphs: list[fx.GraphModule], context: RewriteContext) -> dict[str, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--layers", type=int, default=40, help="A14B blocks to build (40 is the real model)")
-    parser.add_argument("--resolution", choices=sorted(RESOLUTIONS), default="480p")
+    parser.add_argument("--resolution", choices=("480p", "720p"), default="480p")
     parser.add_argument("--sp-multiple", type=int, default=8 * 32, help="sp_pad multiple (SP degree × tile)")
     args = parser.parse_args()
     context = RewriteContext(sp_multiple=args.sp_multiple)
