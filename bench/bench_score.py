@@ -181,7 +181,8 @@ class Plans:
     and each auto plan (``a``, and ``d`` when asked) transferred to the ÷16 model."""
 
     auto: dict[str, Transferred]
-    predicted: dict[str, tuple[float, float]]  # plan -> (step s, comm s), full size, under the plan's own profile
+    predicted: dict[str, tuple[float, float]]  # a, b -> (step s, comm s), full size, the calibrated cost model's
+    under_score: dict[str, tuple[float, float]] = field(default_factory=dict)  # d, b -> the same, by `score_profile`
 
     @property
     def small_plan(self) -> dict[int, Path]:
@@ -197,19 +198,16 @@ def score_profile():
     model's own (`planner.cost_model.collective_terms`), which `collective_seconds_fixed` restates."""
     from dataclasses import replace
 
+    from planner.calibration import STACKS, neutral
     from planner.hardware import Figure, get_profile
 
     def fixed(v: float, why: str) -> Figure:
         return Figure(v, f"bench_score's fixed score: {why}", kind="assumed")
 
-    hw = get_profile(HARDWARE)
     return replace(
-        hw,
+        neutral(get_profile(HARDWARE), STACKS["tt-xla"]),  # links as fitted, no per-kernel cost or floor
         name=f"{HARDWARE}-score",
         efficiency=fixed(SCORE_EFFICIENCY, "compute efficiency"),
-        link_efficiency=fixed(1.0, "link fits as measured"),
-        op_overhead=fixed(0.0, "no per-kernel cost"),
-        launch_floor=fixed(0.0, "no launch floor"),
         dram_bw=fixed(1e30, "no memory-bound term (glue free)"),
         fuses_glue=True,
     )
@@ -228,24 +226,24 @@ def make_plans(out_dir: Path, block_counts: list[int], target: str = "gspmd", op
 
     mesh = parse_mesh(MESH)
     full_graph = capture("720p")
-    profiles = {"a": get_profile(HARDWARE)} | ({"d": score_profile()} if optimum else {})
     plans = Plans({}, {})
-    for which, hw in profiles.items():
-        full = plan_graph(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2, target=target)
-        save_plan(full, out_dir / f"full-a14b-720p-{which}.plan.json")
-        plans.predicted[which] = (full.predicted.step_seconds, full.predicted.comm_seconds)
-        plans.auto[which] = transfer(full, hw, which, out_dir, block_counts, target)
-    hand = tt_xla_plan(full_graph, mesh, HARDWARE, num_blocks=FULL_BLOCKS, weight_copies=2).predicted
-    plans.predicted["b"] = (hand.step_seconds, hand.comm_seconds)
+    books = {"a": (get_profile(HARDWARE), plans.predicted)}
     if optimum:
-        hand = tt_xla_plan(full_graph, mesh, profiles["d"], num_blocks=FULL_BLOCKS, weight_copies=2).predicted
-        plans.predicted["b under the score"] = (hand.step_seconds, hand.comm_seconds)
+        books["d"] = (score_profile(), plans.under_score)
+    for which, (hw, book) in books.items():
+        full = plan_graph(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2, target=target)
+        hand = tt_xla_plan(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2).predicted
+        save_plan(full, out_dir / f"full-a14b-720p-{which}.plan.json")
+        book[which] = (full.predicted.step_seconds, full.predicted.comm_seconds)
+        book["b"] = (hand.step_seconds, hand.comm_seconds)
+        plans.auto[which] = transfer(full, hw, which, out_dir, block_counts, target)
     return plans
 
 
 def transfer(full, hw, which: str, out_dir: Path, block_counts: list[int], target: str) -> Transferred:
-    """`full`'s (planned under profile `hw`) strategies, stream layouts and FSDP ranges re-planned on the ÷16 model per block count
-    (``only`` pins each macro to its strategy and the range's +FSDP twin; checked to come out the same)."""
+    """`full`'s strategies, stream layouts and FSDP ranges (planned under profile `hw`) re-planned on the
+    ÷16 model per block count (``only`` pins each macro to its strategy and the range's +FSDP twin;
+    checked to come out the same)."""
     from bench.bench_planner import stream_layout
     from planner import plan_graph
     from planner.mesh import parse_mesh
@@ -327,7 +325,7 @@ def _compile_only(out, dump: Path, before: dict, t: dict, predicted) -> dict:
 
 
 def _compile_wancompile(which: str, gm, model, inputs, dump: Path, plan: str) -> dict:
-    """Plans (a) and (b): the wan_autoshard backend on dynamo's graph, then its lowered program
+    """Plans (a), (b) and (d): the wan_autoshard backend on dynamo's graph, then its lowered program
     traced with the program's own arguments (fold program run, parameters sharded)."""
     from wancompile import hlo
     from wancompile.backend import wan_autoshard
@@ -551,6 +549,7 @@ LABEL = {
     "d": "(d) auto under the score itself",
 }
 COMPILE_ORDER = "abdc"  # c last: it moves the model to the device
+SCORE_MODEL = "the score's own model (`score_profile`)"
 
 
 def _kinds(s: Score) -> str:
@@ -582,10 +581,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
 
     t0 = time.perf_counter()
-    plans = make_plans(work, counts, optimum="d" in asked)
+    plans = make_plans(work, counts if asked & {"a", "d"} else [], optimum="d" in asked)
     print(f"planned on meta in {time.perf_counter() - t0:.1f} s; work dir {work}", flush=True)
     for w, auto in plans.auto.items():
-        under = "the calibrated cost model" if w == "a" else "the score's own model (`score_profile`)"
+        under = "the calibrated cost model" if w == "a" else SCORE_MODEL
         print(
             f"full-size {LABEL[w]} (A14B 720p, wh-galaxy 8x4, 2 experts, 40 blocks, under {under}), "
             f"stream {auto.layout}: "
@@ -648,10 +647,9 @@ def main() -> None:
         print(f"| {LABEL[w]} | {s.glue_bytes / 1e9:.1f} | {s.glue_seconds:.3f} |")
 
     print("\n| plan | priced by | predicted, full A14B 720p: s per forward | comm s |\n|---|---|---|---|")
-    for w, what in PREDICTED_ROWS:
-        if w in plans.predicted:
-            step, comm = plans.predicted[w]
-            print(f"| {LABEL[w[0]]} | {what} | {step:.3f} | {comm:.3f} |")
+    for book, what in ((plans.predicted, "the cost model (calibrated wh-galaxy)"), (plans.under_score, SCORE_MODEL)):
+        for w, (step, comm) in sorted(book.items()):
+            print(f"| {LABEL[w]} | {what} | {step:.3f} | {comm:.3f} |")
     if "b" in scores and "d" in scores:
         _target(scores)
 
@@ -661,14 +659,6 @@ def main() -> None:
     )
     _checks({w: checks[w] for w in LABEL if w in checks})
     print(f"\ntotal wall {time.perf_counter() - t0:.0f} s")
-
-
-PREDICTED_ROWS = (
-    ("a", "the cost model (calibrated wh-galaxy)"),
-    ("b", "the cost model (calibrated wh-galaxy)"),
-    ("d", "the score's own model (`score_profile`)"),
-    ("b under the score", "the score's own model (`score_profile`)"),
-)
 
 
 def _target(scores: dict) -> None:
