@@ -103,11 +103,12 @@ class DitAssembly:
                 elif a not in forced_block and a != self.st.entry:
                     pins.append((a, self.stream(b), _MADE))
                 copies += [(r, i, self.stream(l_sig)) for r, i in readers]
-            moves = redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh)
+            reduced = self._reduced(a, chosen, evals)
+            moves = redistribute(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh, reduced=reduced)
             for kind, axes, shape in moves:
                 nbytes = int(as_number(numel(shape), self.vals) * self.g[a].out.itemsize)
                 events[(kind, axes, nbytes, self.g.generic(str(self.g[a].location)))] += times
-            sliced = sliced_first(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh)
+            sliced = sliced_first(self.g[a].out, self.stream(b), self.stream(l_sig), self.mesh, reduced)
             if sliced:
                 self._scatter_into_slice(events, a, sliced, chosen, evals, times)
         collectives, comm = pricing.bill(events, self.mesh, self.hw)
@@ -180,6 +181,16 @@ class DitAssembly:
         )
         unique = {(g.expr, g.divisor): g for g in reversed(guards)}  # one per condition, first reason kept
         return plan.with_(guards=tuple(sorted(unique.values(), key=lambda g: (g.divisor, g.expr))))
+
+    def _reduced(self, a: str, chosen, evals) -> bool:
+        """Whether stream value `a` is (past pass-throughs) the all-reduced output of the op that makes it
+        in its macro's chosen evaluation (`planner.reshard.redistribute`'s ``reduced``)."""
+        src = reduced_through(self.g, a)[-1]
+        m = self.macro_of.get(src)
+        if m is None or (m, chosen[m].name) not in evals:
+            return False
+        where = str(self.g[src].location)
+        return any(e.kind == "all-reduce" and e.where == where for e in evals[m, chosen[m].name].events)
 
     def _scatter_into_slice(self, events: Counter, a: str, added: tuple[str, ...], chosen, evals, times: int) -> None:
         """Stream value `a` sliced onto `added` first in its reshard (`planner.reshard.sliced_first`: a

@@ -36,6 +36,7 @@ from planner.hardware import HardwareProfile, resolve_hardware
 from planner.placements import Layout
 from planner.plan import ActivationConstraint, Plan
 from planner.propagate import evaluate
+from planner.reshard import route
 from planner.targets import get_target
 
 PIN_REASON = "pinned: the layout the plan decides, so the partitioner has no choice (planner.pins)"
@@ -43,7 +44,11 @@ OP_PIN_REASON = "pinned: the layout the op computes in, before the plan's constr
 READ_PIN_REASON = (
     "pinned: the layout the op reads this weight in, so the partitioner reshards the weight as planned (planner.pins)"
 )
-PIN_REASONS = (PIN_REASON, OP_PIN_REASON, READ_PIN_REASON)
+ROUTE_PIN_REASON = (
+    "pinned: the layout the op reads this value in, reached through layouts the target lowers "
+    "(tt-mlir lowers no collective-permute, tt-mlir #3370; planner.reshard.route)"
+)
+PIN_REASONS = (PIN_REASON, OP_PIN_REASON, READ_PIN_REASON, ROUTE_PIN_REASON)
 
 # torch_xla refuses annotations whose tile assignment has more than 5 dims ("tile_assignment ranks > 5"):
 # a rank-6 value (the VAE's temporal-upsample reshape) keeps its layout from its pinned neighbours.
@@ -90,7 +95,65 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
         for (name, i), want in ev.required.items()
         if graph[graph[name].inputs[i]].is_param and not want.partial and (name, i) not in copies
     ]
-    return plan.with_(activations=tuple(before) + plan.activations + tuple(pins) + tuple(reads))
+    acts = tuple(before) + plan.activations + tuple(pins) + tuple(reads)
+    target = get_target(plan.target)
+    if "collective-permute" in target.unlowerable:
+        acts = _routed(graph, acts, ev, plan.mesh, target)
+    return plan.with_(activations=acts)
+
+
+def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, target) -> tuple[ActivationConstraint, ...]:
+    """`acts` with every reshard the target cannot lower directly routed (`planner.reshard.route`, the
+    layouts `redistribute` prices for it): a constraint whose value arrives in a layout Shardy would
+    permute into its spec gets the route as ``via``; an op that reads an activation in such a layout
+    (the op rule's required layout) reads it through a routed copy."""
+    by_location = graph.by_location()
+    last: dict[tuple, Layout] = {}  # (location, output) -> the layout its in-place constraints reached
+    out: list[ActivationConstraint] = []
+    copied = {(c.location, c.input) for c in acts if c.input is not None}
+
+    def routed(c: ActivationConstraint, node, have) -> ActivationConstraint:
+        want = Layout.from_spec(c.spec)
+        if have is None or have.partial or have.ndim != want.ndim:
+            return c
+        vias = route(node.out, have, want, mesh, target)
+        return replace(c, via=tuple(v.to_spec() for v in vias)) if vias else c
+
+    for c in acts:
+        node = by_location.get(c.location)
+        if node is None or not node.outputs:
+            out.append(c)
+            continue
+        if c.input is not None:
+            src = graph[node.inputs[c.input]]
+            lays = ev.layouts.get(src.name)
+            out.append(routed(c, src, lays[0] if lays else None))
+            continue
+        key = (c.location, c.output)
+        if c.output == 0 and len(node.outputs) == 1:
+            have = last.get(key, ev.unforced.get(node.name))
+            c = routed(c, node, have)
+        last[key] = Layout.from_spec(c.spec)
+        out.append(c)
+    for (name, i), want in ev.required.items():
+        node, src = graph[name], graph[graph[name].inputs[i]]
+        lays = ev.layouts.get(src.name)
+        if src.is_param or (node.location, i) in copied or not lays or lays[0] is None or lays[0].partial:
+            continue
+        vias = route(src.out, lays[0], want, mesh, target) if not want.partial else ()
+        if vias:
+            out.append(
+                ActivationConstraint(
+                    node.location,
+                    want.to_spec(),
+                    src.out.shape,
+                    0,
+                    ROUTE_PIN_REASON,
+                    i,
+                    tuple(v.to_spec() for v in vias),
+                )
+            )
+    return tuple(out)
 
 
 def target_collectives(

@@ -181,7 +181,9 @@ class ActivationConstraint(Record):
     the value sees the constrained layout; several on one op apply in order). With ``input`` set,
     the op at ``location`` reads its ``input``-th input (graph order) through a copy constrained to
     ``spec`` instead: the value's other readers keep their layout (a stream value read by two
-    macros with different layouts); readers of one value with the same spec share one copy."""
+    macros with different layouts); readers of one value with the same spec share one copy. ``via``:
+    layouts the value is constrained to first, in order, where the target cannot lower the direct
+    reshard (`planner.reshard.route`: tt-mlir lowers no collective-permute)."""
 
     json_order = ("node", "module", "output", "shape")
     json_derived = ("module",)
@@ -192,6 +194,7 @@ class ActivationConstraint(Record):
     output: Annotated[int, ADDED, NonNeg] = 0
     reason: Annotated[str, ADDED] = ""
     input: Annotated[Optional[int], OMIT, NonNeg] = None
+    via: Annotated[tuple[Spec, ...], OMIT] = ()
 
     @classmethod
     def whole(cls, node: Node, reason: str) -> "ActivationConstraint":

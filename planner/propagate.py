@@ -123,7 +123,7 @@ def evaluate(
                 str(graph[node.inputs[i]].location),
                 f"activation constraint on {node.inputs[i]} read by {node.op}",
             )
-            moves = redistribute(metas[i], have, want, mesh, target)
+            moves = redistribute(metas[i], have, want, mesh, target, _reduced(graph, node.inputs[i], reduced))
             if not moves:  # a slice of the copy: a reduction right before it and the slice are one reduce-scatter
                 held = forced if target is not None and not target.fuses_across_constraints else None
                 added = set(want.axes) - set(have.axes)
@@ -164,7 +164,7 @@ def evaluate(
         outs = res.outputs
         if node.name in forced and outs:
             want = forced[node.name]
-            moves = redistribute(node.out, outs[0], want, mesh, target)
+            moves = redistribute(node.out, outs[0], want, mesh, target, node.name in reduced)
             if want != outs[0]:
                 ev.unforced[node.name] = outs[0]
             if not moves:
@@ -205,6 +205,11 @@ def evaluate(
             ),
         )
     return ev
+
+
+def _reduced(graph, name: str, reduced: dict) -> bool:
+    """Whether `name` is (past pass-throughs) the all-reduced output of the op that made it."""
+    return reduced_through(graph, name, stop=reduced)[-1] in reduced
 
 
 def _scatter_reduction(

@@ -79,7 +79,10 @@ class Target:
         """The predicted collectives as this target's compiled program holds them (count per call)."""
         out: list[Collective] = []
         for c in collectives:
-            if self.point_to_point and c.kind in ("all-to-all", "collective-permute"):
+            if self.point_to_point and c.kind == "all-to-all" and self.per_axis and len(c.axes) > 1:
+                # measured (one-op modules, 2x4): Shardy moves each axis with its own all-to-all
+                out.extend(p for a in c.axes for p in _point_to_point(replace(c, axes=(a,)), mesh))
+            elif self.point_to_point and c.kind in ("all-to-all", "collective-permute"):
                 out.extend(_point_to_point(c, mesh))
             elif self.per_axis and len(c.axes) > 1:
                 out.extend(replace(c, axes=(a,), seconds=None) for a in c.axes)

@@ -49,6 +49,10 @@ class FuzzCase:
     patch: tuple[int, int, int] = (1, 2, 2)
     text: int = 7  # prompt tokens
     image: int = 0  # I2V image-embedding tokens (0: text-to-video)
+    channels: int = 4  # latent channels (TI2V-5B: 48)
+    ti2v: bool = False  # a timestep per token (Wan 2.2 TI2V: the first latent frame's tokens at 0)
+    dtype: str = "float32"  # the model and inputs (bfloat16: as diffusers pipelines load Wan)
+    family: str = "wan-t2v"  # a `wancompile.models.FAMILIES` entry (its class and extra config/inputs)
 
     @property
     def devices(self) -> int:
@@ -71,6 +75,10 @@ def case(
     patch: tuple[int, int, int] = (1, 2, 2),
     text: int = 7,
     image: int = 0,
+    channels: int = 4,
+    ti2v: bool = False,
+    dtype: str = "float32",
+    family: str = "wan-t2v",
 ) -> FuzzCase:
     """A case whose id spells out every field (so a failing id is a reproduction)."""
     parts = [
@@ -85,8 +93,17 @@ def case(
     ]
     if image:
         parts.append(f"img{image}")
+    if channels != 4:
+        parts.append(f"ch{channels}")
+    if ti2v:
+        parts.append("ti2v")
+    if family != "wan-t2v":
+        parts.append(family)
+    if dtype != "float32":
+        parts.append({"bfloat16": "bf16"}.get(dtype, dtype))
     parts.append(budget)
-    return FuzzCase("-".join(parts), heads, head_dim, layers, ffn, latent, mesh, budget, patch, text, image)
+    fields = (heads, head_dim, layers, ffn, latent, mesh, budget, patch, text, image, channels, ti2v, dtype, family)
+    return FuzzCase("-".join(parts), *fields)
 
 
 def make_cases(seed: int = 2026, n: int = 36) -> list[FuzzCase]:
@@ -125,30 +142,47 @@ FIXED = (
 ILLEGAL_SPLIT = case("illegal-split", 12, 4, 2, 200, (3, 8, 8), (8, 4), "min")
 
 
-def build(c: FuzzCase):
-    """(model, inputs) of a case: random weights and inputs, seeded by the case id."""
+def build(c: FuzzCase, dtype: Optional[str] = None):
+    """(model, inputs) of a case: random weights and inputs, seeded by the case id, in the case's dtype
+    (or `dtype`: the same weights and inputs cast, e.g. the fp32 reference of a bf16 case). A family
+    other than ``wan-t2v`` is its `FAMILIES` config with the case's heads, head dim, FFN and layers,
+    called with its own example inputs."""
     import torch
 
-    from wancompile.models import build_transformer
+    from wancompile.models import build_family, build_transformer
 
-    extra = {"image_dim": IMAGE_DIM, "added_kv_proj_dim": c.heads * c.head_dim} if c.image else {}
-    model = build_transformer(
-        "tiny",
-        num_attention_heads=c.heads,
-        attention_head_dim=c.head_dim,
-        num_layers=c.layers,
-        ffn_dim=c.ffn,
-        patch_size=c.patch,
-        **extra,
-    )
-    g = torch.Generator().manual_seed(zlib.crc32(c.id.encode()))
-    inputs = {
-        "hidden_states": torch.randn(1, 4, *c.latent, generator=g),
-        "timestep": torch.tensor([500]),
-        "encoder_hidden_states": torch.randn(1, c.text, 32, generator=g),
-    }
-    if c.image:
-        inputs["encoder_hidden_states_image"] = torch.randn(1, c.image, IMAGE_DIM, generator=g)
+    if c.family != "wan-t2v":
+        model, inputs = build_family(
+            c.family, num_attention_heads=c.heads, attention_head_dim=c.head_dim, ffn_dim=c.ffn, num_layers=c.layers
+        )
+    else:
+        extra = {"image_dim": IMAGE_DIM, "added_kv_proj_dim": c.heads * c.head_dim} if c.image else {}
+        model = build_transformer(
+            "tiny",
+            num_attention_heads=c.heads,
+            attention_head_dim=c.head_dim,
+            num_layers=c.layers,
+            ffn_dim=c.ffn,
+            patch_size=c.patch,
+            in_channels=c.channels,
+            out_channels=c.channels,
+            **extra,
+        )
+        g = torch.Generator().manual_seed(zlib.crc32(c.id.encode()))
+        inputs = {
+            "hidden_states": torch.randn(1, c.channels, *c.latent, generator=g),
+            "timestep": torch.tensor([500]),
+            "encoder_hidden_states": torch.randn(1, c.text, 32, generator=g),
+        }
+        if c.image:
+            inputs["encoder_hidden_states_image"] = torch.randn(1, c.image, IMAGE_DIM, generator=g)
+        if c.ti2v:  # the first latent frame (the given image) at timestep 0, the rest at 500
+            per_frame = c.tokens // (c.latent[0] // c.patch[0])
+            inputs["timestep"] = torch.tensor([[0] * per_frame + [500] * (c.tokens - per_frame)])
+    dt = getattr(torch, dtype or c.dtype)
+    if dt != torch.float32:
+        model = model.to(dt)
+        inputs = {k: v.to(dt) if torch.is_tensor(v) and v.is_floating_point() else v for k, v in inputs.items()}
     return model, inputs
 
 
@@ -181,10 +215,11 @@ def run_case(c: FuzzCase, target: Optional[str] = None) -> dict:
     model, inputs = build(c)
     mesh = "x".join(map(str, c.mesh))
     row: dict = {"id": c.id, "tokens": c.tokens}
+    planned = {"target": target} if target else {}
 
     def refusal(memory_gb: float) -> Optional[Exception]:
         try:
-            run_with_backend(model, inputs, reference=False, mesh=mesh, memory_gb=memory_gb)
+            run_with_backend(model, inputs, reference=False, mesh=mesh, memory_gb=memory_gb, **planned)
         except Exception as e:
             return _unwrap(e)
         return None
@@ -215,6 +250,11 @@ def run_case(c: FuzzCase, target: Optional[str] = None) -> dict:
             compiled(**inputs, return_dict=False)
             row["programs_per_call"] = _executions() - runs
             eager = model(**inputs, return_dict=False)
+            if c.dtype != "float32":  # judged against eager fp32, beside eager in the case's own dtype
+                model32, inputs32 = build(c, "float32")
+                eager32 = model32(**inputs32, return_dict=False)
+                row["eager_pcc"] = numerics(eager, eager32).pcc
+                eager = eager32
         result = numerics(out, eager)
         main, fold = program.hlo_path, program.fold_hlo_path
         observed = program.collectives()

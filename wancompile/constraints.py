@@ -171,9 +171,10 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
             raise PlanError(f"plan constrains {c.location}, which this graph does not have; re-plan for this model")
         if c.input is not None:
             value = _surviving(graph, fx_nodes, graph[node.inputs[c.input]].name)
-            copies.setdefault((value, tuple(c.spec)), []).extend(_surviving_readers(graph, fx_nodes, node.name))
+            copy_key = (value, tuple(c.spec), tuple(map(tuple, c.via)))
+            copies.setdefault(copy_key, []).extend(_surviving_readers(graph, fx_nodes, node.name))
             if c.reason == READ_PIN_REASON:
-                weight_reads.add((value, tuple(c.spec)))
+                weight_reads.add(copy_key)
             continue
         target = _surviving(graph, fx_nodes, node.name)
         if target.op == "call_function" and target.target in pinned and target not in last and c.reason in PIN_REASONS:
@@ -187,12 +188,16 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
         anchor = last.get(target, target)
         while anchor.next.op == "placeholder":  # keep placeholders first
             anchor = anchor.next
-        with gm.graph.inserting_after(anchor):
-            last[target] = gm.graph.call_function(constrain, (target, key, tuple(c.spec), c.output))
-    for (value, spec), readers in copies.items():
+        for spec in (*c.via, c.spec):  # through the layouts the target lowers, then the plan's
+            with gm.graph.inserting_after(anchor):
+                anchor = last[target] = gm.graph.call_function(constrain, (target, key, tuple(spec), c.output))
+    for (value, spec, via), readers in copies.items():
         with gm.graph.inserting_before(min(readers, key=order.__getitem__)):
-            fn = weight_read if (value, spec) in weight_reads else _constrained_copy
-            copy = gm.graph.call_function(fn, (value, key, spec))
+            fn = weight_read if (value, spec, via) in weight_reads else _constrained_copy
+            copy = value
+            for step in via:
+                copy = gm.graph.call_function(_constrained_copy, (copy, key, step))
+            copy = gm.graph.call_function(fn, (copy, key, spec))
         for r in readers:
             r.replace_input_with(value, copy)
     gm.graph.lint()

@@ -29,6 +29,7 @@ from typing import Iterable, Mapping, Optional
 from planner.collective import Collective
 from planner.mesh import MeshSpec
 from wancompile.tt import env, ttnn
+from wancompile.tt.mesh import chip_mesh, system_for  # noqa: F401  (system_for: re-exported)
 from wancompile.verify import CollectiveMatch, compare_collectives
 
 
@@ -50,6 +51,15 @@ class ProgramCheck:
     local_slices: int = 0  # ttnn.mesh_partition: each chip keeps its part of a replicated value
     metrics: Mapping[str, float] = field(default_factory=dict)
     ttnn_ir: Optional[str] = None
+    memory: Optional[ttnn.Memory] = None  # the TTNN program's DRAM per chip, walked op by op
+    planned_bytes: Optional[int] = None  # the planner's per-device estimate (plan.predicted), for the main program
+
+    @property
+    def memory_ratio(self) -> Optional[float]:
+        """TTNN's peak DRAM per chip / the planner's estimate."""
+        if self.memory is None or not self.planned_bytes:
+            return None
+        return self.memory.peak_bytes / self.planned_bytes
 
     @property
     def as_predicted(self) -> bool:
@@ -72,6 +82,15 @@ class ProgramCheck:
             "local_slices": self.local_slices,
             "metrics": dict(self.metrics),
             "ttnn_ir": self.ttnn_ir,
+            "memory": None
+            if self.memory is None
+            else {
+                **_attrs(self.memory, "peak_bytes", "peak_logical_bytes", "arguments_bytes", "constants_bytes"),
+                **_attrs(self.memory, "l1_peak_bytes", "peak_op", "tile_padding"),
+                "largest": [list(x) for x in self.memory.largest],
+                "planned_bytes": self.planned_bytes,
+                "ttnn_over_planned": self.memory_ratio,
+            },
         }
 
 
@@ -102,10 +121,12 @@ def check_programs(
     system: str,
     mesh: MeshSpec,
     out_dir: Path,
+    planned_bytes: Optional[Mapping[str, int]] = None,
 ) -> list[ProgramCheck]:
     """Compile each program (name -> its ``.tt.mlir``) for `system`; compare with `predicted` (name ->
     the target's predicted collectives, absent = none), all on `mesh`: the chips' mesh (the plan's
-    user mesh; `on_device` names a refined plan mesh's collectives by it)."""
+    user mesh; `on_device` names a refined plan mesh's collectives by it), and each program's DRAM per
+    chip (`ttnn.memory`) with `planned_bytes` (name -> the planner's per-device estimate)."""
     env.require()
     desc = env.system_path(system)
     out: list[ProgramCheck] = []
@@ -134,6 +155,8 @@ def check_programs(
                 ttnn.local_slices(text),
                 _metrics(r["metrics"]),
                 r["ttnn"],
+                ttnn.memory(text),
+                (planned_bytes or {}).get(name),
             )
         )
     return out
@@ -156,6 +179,7 @@ def check_compiled(programs: Iterable, systems: Iterable[str], out_dir: Path) ->
     and compared with its plan's tt-mlir prediction (the fold program: none)."""
     modules: dict[str, Path] = {}
     predicted: dict[str, list[Collective]] = {}
+    planned: dict[str, int] = {}
     programs = list(programs)
     if not programs:
         raise RuntimeError("no program was written for tt-mlir (compile with target='tt-mlir' and a dump_dir)")
@@ -167,31 +191,10 @@ def check_compiled(programs: Iterable, systems: Iterable[str], out_dir: Path) ->
             modules[sink.names[which]] = path
         plan = program.plan
         predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
+        planned[sink.names["main"]] = plan.predicted.memory_bytes_per_device
     device = chip_mesh(programs[-1].plan.user_mesh)
     predicted = {k: on_device(v, programs[-1].plan.user_mesh, device) for k, v in predicted.items()}
-    return [c for s in systems for c in check_programs(modules, predicted, s, device, out_dir)]
-
-
-def chip_mesh(mesh: MeshSpec) -> MeshSpec:
-    """The chips' mesh TTNN's ``cluster_axis`` counts for a plan on `mesh`: `mesh` itself, except that a
-    line (one axis of size > 1) runs as 1 x n (measured: an 8x1 plan's collectives have cluster_axis 1)."""
-    if len(mesh.shape) == 2 and mesh.shape[0] > 1 and mesh.shape[1] == 1:
-        return MeshSpec((1, mesh.shape[0]), (mesh.axis_names[1], mesh.axis_names[0]))
-    return mesh
-
-
-def system_for(mesh: MeshSpec) -> Optional[str]:
-    """The smallest committed Blackhole descriptor a plan on `mesh` compiles for (on its first chips): one
-    whose rows and columns hold the mesh's, or with enough chips for a line (1 x n, n x 1); None where
-    there is none (tt-mlir refuses a mesh the system's cannot hold: a 4x2 plan on 2x4 chips is "Mesh is
-    not valid"; a 2x2 or 1x4 one compiles on the 2x4 system's first four)."""
-    shapes = {"bh-p150": (1, 1), "bh-p300": (1, 2), "bh-2x4": (2, 4), "bh-galaxy": (8, 4)}
-    line = len(mesh.shape) == 2 and 1 in mesh.shape
-    for name, (rows, cols) in shapes.items():
-        fits = len(mesh.shape) == 2 and mesh.shape[0] <= rows and mesh.shape[1] <= cols
-        if fits or (line and mesh.size <= rows * cols):
-            return name
-    return None
+    return [c for s in systems for c in check_programs(modules, predicted, s, device, out_dir, planned)]
 
 
 def format_checks(checks: Iterable[ProgramCheck]) -> str:
@@ -215,6 +218,13 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
             lines.append(
                 f"  TTNN: {c.local_slices} local slices (mesh_partition); perf metrics: {m['total_flops']:.3g} FLOPs "
                 f"per chip, {m['total_ops']:.0f} ops ({m['spilled_percentage']:.0f}% spilled to DRAM)"
+            )
+        if c.memory is not None:
+            mem = c.memory
+            vs = f"; planner's estimate {c.planned_bytes / 2**20:.2f} MiB" if c.planned_bytes else ""
+            lines.append(
+                f"  DRAM per chip (TTNN): peak {mem.peak_bytes / 2**20:.2f} MiB at {mem.peak_op} "
+                f"({mem.peak_logical_bytes / 2**20:.2f} MiB of data, x{mem.tile_padding:.1f} in 32x32 tiles){vs}"
             )
         lines.append("  " + ("as predicted" if c.as_predicted else "NOT as predicted"))
     return "\n".join(lines)

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Optional
 
 from planner.placements import Layout
 from planner.plan import Plan
+from wancompile.tt.mesh import sdy_mesh
 
 log = logging.getLogger("wancompile")
 
@@ -81,13 +82,15 @@ def shardings_table(plan: Plan, mesh: Any, extra: Iterable[tuple] = ()) -> dict:
     import torch_xla.distributed.spmd as xs
 
     specs = {tuple(s) for s in plan.params.values()} | {tuple(a.spec) for a in plan.activations} | set(extra)
+    specs |= {tuple(v) for a in plan.activations for v in a.via}
     table: dict[str, list[list[str]]] = {}
     for spec in sorted(specs, key=repr):
         probe = torch.zeros([plan.mesh.size] * len(spec), device=torch_xla.device())
         xs.mark_sharding(probe, mesh, spec)
         # a spec over size-1 axes only is the same annotation as a replicated one: either reads the same
         table.setdefault(torch_xla._XLAC._get_xla_sharding_spec(probe), [list(d) for d in Layout.from_spec(spec).dims])
-    return {"shape": list(plan.mesh.shape), "axis_names": list(plan.mesh.axis_names), "shardings": table}
+    written = sdy_mesh(plan.mesh)  # the axes in an order tt-mlir accepts (wancompile.tt.mesh)
+    return {"shape": list(written.shape), "axis_names": list(written.axis_names), "shardings": table}
 
 
 def convert(artifact: Path, shardings: Path, dst: Path) -> Optional[Path]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 from planner.collective import Collective
@@ -89,3 +90,139 @@ def final_ir(export_dir: Path) -> Path:
     if not found:
         raise FileNotFoundError(f"no TTNN IR under {export_dir}/irs: the compile stopped before TTNN")
     return found[-1]
+
+
+# --- memory: what the program holds in each chip's DRAM ------------------------------------------------
+
+_LAYOUT_DEF = re.compile(
+    r"^(#ttnn_layout\d*) = #ttnn\.ttnn_layout<.*memref<(?P<memref>[^>]*(?:>[^>]*)?)>, (?P<rest>.*)$"
+)
+_MEMREF = re.compile(
+    r"^(?P<dims>(?:\d+x)*)(?:!ttcore\.tile<(?P<th>\d+)x(?P<tw>\d+), (?P<tdt>\w+)>|(?P<dt>\w+)), #(?P<space>\w+)"
+)
+_TYPED = re.compile(r"tensor<(?P<dims>(?:\d+x)*)(?P<dtype>[a-z]+\d*), (?P<layout>#ttnn_layout\d*)>")
+_RESULT = re.compile(r"^\s*(?P<name>%[\w.]+)(?::(?P<n>\d+))? = ")
+_DEALLOC = re.compile(r'"ttnn\.deallocate"\((?P<name>%[\w.]+)(?:#(?P<k>\d+))?\)')
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One ``#ttnn_layout``: bytes per chip as allocated (whole 32x32 tiles, or rows), and where."""
+
+    bytes: int
+    space: str  # dram | l1 | system_memory
+    tiled: bool
+
+
+@dataclass(frozen=True)
+class Memory:
+    """A TTNN program's memory per chip, walked op by op (`memory`): every result is allocated where its
+    layout says until its ``ttnn.deallocate`` (or the end); arguments (weights and inputs) and cached
+    constants (``ttcore.load_cached``) are held from the start. Views count as copies (an upper bound:
+    tt-metal may alias a tile-aligned reshape)."""
+
+    peak_bytes: int  # DRAM at the peak
+    peak_logical_bytes: int  # the same tensors' data without TTNN's tile padding
+    arguments_bytes: int  # weights and inputs (DRAM, allocated)
+    constants_bytes: int  # const-eval results the program keeps (DRAM, allocated)
+    peak_op: str  # the op whose result makes the peak
+    largest: tuple[tuple[str, int, int], ...] = ()  # (value, allocated, logical) of the largest live at the peak
+    l1_peak_bytes: int = 0
+
+    @property
+    def tile_padding(self) -> float:
+        """Allocated / logical bytes at the peak (1.0: no padding)."""
+        return self.peak_bytes / self.peak_logical_bytes if self.peak_logical_bytes else 1.0
+
+
+def _layouts(text: str) -> dict[str, Layout]:
+    out = {}
+    for line in text.splitlines():
+        m = _LAYOUT_DEF.match(line)
+        if not m:
+            continue
+        r = _MEMREF.match(m.group("memref"))
+        if not r:
+            continue
+        n = math.prod(int(d) for d in r.group("dims").split("x") if d)
+        if r.group("th"):
+            nbytes = n * int(r.group("th")) * int(r.group("tw")) * _BYTES.get(r.group("tdt"), 4)
+        else:
+            nbytes = n * _BYTES.get(r.group("dt"), 4)
+        out[m.group(1)] = Layout(nbytes, r.group("space"), bool(r.group("th")))
+    return out
+
+
+def _logical(m: re.Match) -> int:
+    return math.prod(int(d) for d in m.group("dims").split("x") if d) * _BYTES.get(m.group("dtype"), 4)
+
+
+def _main(text: str) -> list[str]:
+    lines = text.splitlines()
+    start = next((i for i, x in enumerate(lines) if re.search(r"func\.func @main\(", x)), None)
+    if start is None:
+        raise ValueError("no @main function in the TTNN IR")
+    depth, out = 0, []
+    for line in lines[start:]:
+        out.append(line)
+        depth += line.count("{") - line.count("}")
+        if depth <= 0 and len(out) > 1:
+            break
+    return out
+
+
+def memory(ttnn_text: str, top: int = 5) -> Memory:
+    """The per-chip memory of the final TTNN IR's ``@main`` (`Memory`)."""
+    layouts = _layouts(ttnn_text)
+    body = _main(ttnn_text)
+    live: dict[str, tuple[int, int, str]] = {}  # value -> (allocated, logical, space)
+    space_total = Counter()
+    logical_dram = 0
+
+    def hold(name: str, m: re.Match) -> None:
+        nonlocal logical_dram
+        lay = layouts.get(m.group("layout"))
+        if lay is None:
+            return
+        live[name] = (lay.bytes, _logical(m), lay.space)
+        space_total[lay.space] += lay.bytes
+        if lay.space == "dram":
+            logical_dram += _logical(m)
+
+    def free(name: str) -> None:
+        nonlocal logical_dram
+        if name in live:
+            nbytes, logical, space = live.pop(name)
+            space_total[space] -= nbytes
+            if space == "dram":
+                logical_dram -= logical
+
+    signature = body[0]
+    for m in re.finditer(r"(%arg\d+): " + _TYPED.pattern, signature):
+        hold(m.group(1), m)
+    arguments = space_total["dram"]
+    constants = 0
+    peak = (space_total["dram"], logical_dram, "arguments", dict(live))
+    l1_peak = space_total["l1"]
+    for line in body[1:]:
+        d = _DEALLOC.search(line)
+        if d:
+            free(d.group("name") + (f"#{d.group('k')}" if d.group("k") else ""))
+            continue
+        r = _RESULT.match(line)
+        if not r or " -> " not in line:
+            continue
+        results = line.rsplit(" -> ", 1)[1]
+        typed = list(_TYPED.finditer(results))
+        names = [r.group("name")] if len(typed) == 1 else [f"{r.group('name')}#{k}" for k in range(len(typed))]
+        before = space_total["dram"]
+        for name, m in zip(names, typed):
+            hold(name, m)
+        op = re.search(r'"(ttnn\.\w+)"|(ttcore\.load_cached)', line)
+        if op and op.group(2):
+            constants += space_total["dram"] - before
+        l1_peak = max(l1_peak, space_total["l1"])
+        if space_total["dram"] > peak[0]:
+            peak = (space_total["dram"], logical_dram, (op.group(1) or op.group(2)) if op else "?", dict(live))
+    largest = sorted(((k, v[0], v[1]) for k, v in peak[3].items() if v[2] == "dram"), key=lambda x: -x[1])[:top]
+    return Memory(peak[0], peak[1], arguments, constants, peak[2], tuple(largest), l1_peak)

@@ -201,7 +201,10 @@ def compile_module(src: str, system_desc: str, export: str) -> dict:
         devices = backend.devices()
         if len(devices) < n:
             return _result(False, f"system {system_desc} has {len(devices)} chip(s), the program needs {n}", 0, export)
-        devs = devices[:n]
+        picked = os.environ.get("WANCOMPILE_TT_DEVICES")
+        devs = [devices[int(i)] for i in picked.split(",")] if picked else devices[:n]
+        if os.environ.get("WANCOMPILE_TT_SHOW_DEVICES"):
+            print("DEVICES", [(d.id, getattr(d, "coords", None), str(d)) for d in devices], flush=True)
         metrics = os.path.join(export, "perf_metrics.json")
         options = compiler.get_compile_options(
             num_replicas=1,
