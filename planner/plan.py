@@ -313,6 +313,21 @@ class RewriteRecord(Record):
 
 
 @dataclass(frozen=True)
+class CompiledMemory(Record):
+    """A plan's main program as a compiler built it for one system: its peak memory per chip read from the
+    compiled program (`wancompile.tt.ttnn.memory`, written by ``wancompile tt-check``) beside the
+    planner's estimate."""
+
+    system: str
+    peak_bytes: Annotated[int, NonNeg, Schema(description="DRAM per chip at the program's peak, as allocated")]
+    peak_logical_bytes: Annotated[int, NonNeg, Schema(description="the same tensors' data, without tile padding")]
+    arguments_bytes: Annotated[int, NonNeg, Schema(description="weights and inputs, as allocated")]
+    constants_bytes: Annotated[int, NonNeg, Schema(description="constants the program keeps, as allocated")]
+    planned_bytes: Annotated[int, NonNeg, Schema(description="the planner's per-device estimate (predicted)")]
+    chip_bytes: Annotated[int, NonNeg, Schema(description="the chip's DRAM")] = 0
+
+
+@dataclass(frozen=True)
 class Plan(Record):
     json_order = ("schema_version", "model", "mesh", "hardware", "solver", "params", "activations", "collectives")
     json_order += ("target", "predicted_by_partitioner", "predicted")
@@ -340,6 +355,8 @@ class Plan(Record):
     cfg_parallel: Annotated[Optional[CfgParallel], OMIT] = None
     # the partitioner the plan is for (planner.targets)
     target: Annotated[str, ADDED, Codec(str, _target_from_json, _targets_schema)] = "gspmd"
+    # the main program's memory per chip as the target's compiler built it (`wancompile tt-check`)
+    compiled_memory: Annotated[tuple[CompiledMemory, ...], OMIT] = ()
     # the predicted collectives in the target's own terms where the graph was needed to tell them
     # (planner.pins.target_collectives); empty: `Target.lower` of `collectives`
     target_collectives: Annotated[tuple[Collective, ...], HIDDEN] = field(default=(), compare=False)

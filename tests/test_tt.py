@@ -187,6 +187,15 @@ def test_auto_plan_at_its_smallest_budget_compiles_through_tt_mlir_as_predicted(
     main = next(p for p in report["programs"] if p["program"] == "wan-dit")
     assert main["as_predicted"], main["collectives"]
     assert report["pcc"] >= 0.99999
+    # its DRAM per chip, read from the TTNN program, beside the planner's estimate (here and in plan.json):
+    # the data agrees within 15 %; TTNN's 32x32 tiles multiply what it allocates
+    mem = main["memory"]
+    assert 0.85 <= mem["peak_logical_bytes"] / mem["planned_bytes"] <= 1.15, mem
+    assert mem["peak_bytes"] > mem["peak_logical_bytes"] and mem["tile_padding"] > 1
+    with open(os.path.join(report["out"], "plan.json")) as f:
+        (recorded,) = json.load(f)["compiled_memory"]
+    assert recorded["system"] == "bh-2x4" and recorded["peak_bytes"] == mem["peak_bytes"]
+    assert recorded["planned_bytes"] == mem["planned_bytes"] and recorded["chip_bytes"] == 32 * 10**9
 
 
 @needs_tt
@@ -350,3 +359,37 @@ def test_rewritten_graph_and_the_cfg_batch2_graph_compile_through_tt_mlir_as_pre
     cfg = _tt_check("--mesh", "2x4", "--batch", "2", "--cfg-parallel", "on", "--system", "bh-2x4")
     assert cfg["ok"] and cfg["pcc"] >= 0.99999, cfg["programs"]
     assert {p["program"] for p in cfg["programs"]} == {"wan-dit.cfg2", "wan-dit.cfg2.fold"}
+
+
+TTNN_PROGRAM = """\
+#dram = #ttnn.buffer_type<dram>
+#ttnn_layout = #ttnn.ttnn_layout<(d0, d1) -> (d0, d1), <1x1>, memref<1x2x!ttcore.tile<32x32, f32>, #dram>, <interleaved>>
+#ttnn_layout1 = #ttnn.ttnn_layout<(d0, d1) -> (d0, d1), <1x1>, memref<4x8xbf16, #dram>, <interleaved>>
+module {
+      func.func private @main_const_eval_0() -> tensor<4x8xbf16, #ttnn_layout1> {
+        %0 = "ttnn.full"() : () -> tensor<4x8xbf16, #ttnn_layout1>
+        return %0 : tensor<4x8xbf16, #ttnn_layout1>
+      }
+      func.func @main(%arg0: tensor<8x40xf32, #ttnn_layout> {ttcore.argument_type = #ttcore.argument_type<input>}) -> (tensor<8x40xf32, #ttnn_layout>) {
+        %0 = ttcore.load_cached(@main_const_eval_0, []) : () -> tensor<4x8xbf16, #ttnn_layout1>
+        %1 = "ttnn.multiply"(%arg0, %arg0) : (tensor<8x40xf32, #ttnn_layout>, tensor<8x40xf32, #ttnn_layout>) -> tensor<8x40xf32, #ttnn_layout>
+        "ttnn.deallocate"(%arg0) <{force = false}> : (tensor<8x40xf32, #ttnn_layout>) -> ()
+        %2 = "ttnn.add"(%1, %1) : (tensor<8x40xf32, #ttnn_layout>, tensor<8x40xf32, #ttnn_layout>) -> tensor<8x40xf32, #ttnn_layout>
+        "ttnn.deallocate"(%1) <{force = false}> : (tensor<8x40xf32, #ttnn_layout>) -> ()
+        return %2 : tensor<8x40xf32, #ttnn_layout>
+      }
+}
+"""
+
+
+def test_ttnn_memory_is_what_the_program_holds_between_its_allocations_and_deallocations():
+    """An 8x40 f32 tensor takes 1x2 tiles of 32x32 (8 KiB for 1,280 B of data); a cached constant stays."""
+    from wancompile.tt.ttnn import memory
+
+    mem = memory(TTNN_PROGRAM)
+    tile = 32 * 32 * 4
+    assert mem.arguments_bytes == 2 * tile and mem.constants_bytes == 4 * 8 * 2
+    assert mem.peak_bytes == 2 * (2 * tile) + 64  # the argument and the product, with the constant
+    assert mem.peak_op == "ttnn.multiply"
+    assert mem.peak_logical_bytes == 2 * 8 * 40 * 4 + 64
+    assert mem.tile_padding > 6

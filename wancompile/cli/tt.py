@@ -45,6 +45,7 @@ def tt_check_command(args: argparse.Namespace) -> int:
         if inner is not None:
             raise inner from None
         raise
+    _record_memory(out / "plan.json", report.checks)
     if args.json:
         print(json.dumps(report.to_json() | {"out": str(out)}))
     else:
@@ -54,3 +55,28 @@ def tt_check_command(args: argparse.Namespace) -> int:
         print(format_checks(report.checks))
         print(f"programs and IRs: {out}")
     return 0 if report.ok else 1
+
+
+def _record_memory(path: Path, checks) -> None:
+    """The main program's TTNN memory per system, beside the planner's estimate in the dump's plan.json."""
+    from planner.hardware import get_profile
+    from planner.plan import CompiledMemory, load_plan, save_plan
+    from wancompile.tt.env import SYSTEM_PROFILES
+
+    if not path.exists():
+        return
+    rows = tuple(
+        CompiledMemory(
+            c.system,
+            c.memory.peak_bytes,
+            c.memory.peak_logical_bytes,
+            c.memory.arguments_bytes,
+            c.memory.constants_bytes,
+            c.planned_bytes,
+            int(get_profile(SYSTEM_PROFILES[c.system]).dram_bytes.value) if c.system in SYSTEM_PROFILES else 0,
+        )
+        for c in checks
+        if c.memory is not None and c.planned_bytes is not None
+    )
+    if rows:
+        save_plan(load_plan(path).with_(compiled_memory=rows), path)

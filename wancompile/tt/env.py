@@ -24,6 +24,13 @@ PLUGIN_VERSION = "0.1.3"  # the system descriptors' schema hash is this build's
 INSTALL = 'python -m pip install -e ".[tt]"  (jax==0.10.2, jaxlib==0.10.2, jax-tt-plugin==0.1.3)'
 SYSTEMS_DIR = Path(__file__).with_name("systems")
 WORKER = Path(__file__).with_name("worker.py")
+# committed system -> the hardware profile of its chips and links (planner.hardware), where there is one
+SYSTEM_PROFILES = {
+    "bh-2x4": "bh-loudbox",
+    "bh-galaxy": "bh-galaxy",
+    "wh-loudbox": "wh-loudbox",
+    "wh-n300": "wh-n300",
+}
 
 
 class TtUnavailable(RuntimeError):
