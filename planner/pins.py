@@ -53,6 +53,7 @@ PIN_REASONS = (PIN_REASON, OP_PIN_REASON, READ_PIN_REASON, ROUTE_PIN_REASON)
 # torch_xla refuses annotations whose tile assignment has more than 5 dims ("tile_assignment ranks > 5"):
 # a rank-6 value (the VAE's temporal-upsample reshape) keeps its layout from its pinned neighbours.
 MAX_PINNED_RANK = 5
+_RESHAPES = ("view", "reshape", "flatten", "unflatten", "squeeze")
 _NOT_PINNED = ("setitem", "empty_like", "empty", "copy_")  # buffer writes and the buffers they fill
 
 
@@ -106,7 +107,8 @@ def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, targ
     """`acts` with every reshard the target cannot lower directly routed (`planner.reshard.route`, the
     layouts `redistribute` prices for it): a constraint whose value arrives in a layout Shardy would
     permute into its spec gets the route as ``via``; an op that reads an activation in such a layout
-    (the op rule's required layout) reads it through a routed copy."""
+    (the op rule's required layout), or a reshape that reads one in another layout, reads it through a
+    (routed) copy."""
     by_location = graph.by_location()
     last: dict[tuple, Layout] = {}  # (location, output) -> the layout its in-place constraints reached
     out: list[ActivationConstraint] = []
@@ -140,8 +142,14 @@ def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, targ
         lays = ev.layouts.get(src.name)
         if src.is_param or (node.location, i) in copied or not lays or lays[0] is None or lays[0].partial:
             continue
-        vias = route(src.out, lays[0], want, mesh, target) if not want.partial else ()
-        if vias:
+        if want.partial:
+            continue
+        vias = route(src.out, lays[0], want, mesh, target)
+        # a reshape that reads its input in another layout reads it through a copy in that layout: left to
+        # Shardy, it reshapes the split value itself and tt-mlir refuses the result ("number of output
+        # elements (7680) doesn't match expected number of elements (3840)": Animate's face adapter,
+        # tokens split 2 ways viewed as 3 frames x 16)
+        if vias or (node.op in _RESHAPES and want != lays[0]):
             out.append(
                 ActivationConstraint(
                     node.location,

@@ -70,10 +70,24 @@ class Target:
     # target lowers it; elsewhere priced and reported (`Decision.ring`) with `no_ring_attention` as the reason
     ring_attention: bool = False
     no_ring_attention: str = ""
+    # the 2-D mesh shapes its partitioner accepts (None: any); tt-mlir's fixed list (its SupportedMeshes,
+    # include/ttmlir/Dialect/StableHLO/Utils/ShardingUtils.h, tt-mlir #4668): any other is "Mesh is not valid"
+    meshes: Optional[frozenset] = None
 
     def profile(self, hw: HardwareProfile) -> HardwareProfile:
         """`hw` as the planner prices it for this target: what it cannot lower priced out."""
         return replace(hw, unlowerable=self.unlowerable) if self.unlowerable else hw
+
+    def runs_on(self, mesh: MeshSpec) -> MeshSpec:
+        """The mesh a plan for `mesh` is made and compiled on: `mesh`, or where the partitioner accepts only
+        its transpose (tt-mlir: 2x4, not 4x2), the transpose with the axes named as before (``batch`` keeps
+        its 4 chips, ``model`` its 2). Axes are named, so every layout reads the same on it."""
+        shape = tuple(mesh.shape)
+        if self.meshes is None or len(shape) != 2 or 1 in shape or shape in self.meshes:
+            return mesh
+        if shape[::-1] in self.meshes:
+            return MeshSpec(shape[::-1], tuple(mesh.axis_names)[::-1])
+        return mesh
 
     def lower(self, collectives: Iterable[Collective], mesh: MeshSpec) -> tuple[Collective, ...]:
         """The predicted collectives as this target's compiled program holds them (count per call)."""
@@ -128,6 +142,10 @@ TARGETS = {
         unlowerable=("collective-permute",),
         results_in_mesh_order=True,
         no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
+        meshes=frozenset(
+            {(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8)}
+            | {(4, 16), (4, 32), (8, 4), (8, 8), (8, 16)}
+        ),
     ),
 }
 

@@ -92,14 +92,12 @@ def wan_autoshard(
 def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callable:
     opts = Options.from_user(options)
     _start_runtime(opts)
+    from planner.targets import get_target
     from wancompile.lowering import ShardedProgram, mesh_for_plan, mesh_spec_of, xla_mesh
 
-    mesh_obj = (
-        opts.xla_mesh
-        if opts.xla_mesh is not None
-        else xla_mesh(opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model")))
-    )
-    mesh = mesh_spec_of(mesh_obj) if opts.mesh is None else opts.mesh
+    asked = opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model"))
+    mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(get_target(opts.resolved_target).runs_on(asked))
+    mesh = mesh_spec_of(mesh_obj) if opts.mesh is None or opts.xla_mesh is None else opts.mesh
     model = _model_name(gm)
     gm, records = rewrite_graph(gm, mesh, opts.rewrites, opts.hardware)
     if (

@@ -1,11 +1,9 @@
 """The chips' mesh tt-mlir compiles a plan's mesh on, and the committed system that holds it.
 
-tt-mlir partitions over a fixed list of 2-D mesh shapes (`TT_MESHES`: its ``SupportedMeshes``,
-include/ttmlir/Dialect/StableHLO/Utils/ShardingUtils.h, tt-mlir #4668); any other is "Mesh is not
-valid". A plan on a shape it lacks whose transpose it has (4x2: 4 along ``batch``, 2 along ``model``)
-is written with the mesh axes in the other order (``["model"=2, "batch"=4]``, a 2x4 mesh): Shardy
-names axes, so every sharding reads the same, and TTNN's ``cluster_axis`` counts the axes as written
-(`chip_mesh`).
+tt-mlir partitions over a fixed list of 2-D mesh shapes (`planner.targets` ``meshes``); a plan for a shape
+it lacks whose transpose it has (4x2) is made on the transpose (`Target.runs_on`: ``["model"=2,
+"batch"=4]``); a saved plan on such a shape is written that way (`sdy_mesh`). TTNN's ``cluster_axis``
+counts the axes as written (`chip_mesh`).
 """
 
 from __future__ import annotations
@@ -13,11 +11,7 @@ from __future__ import annotations
 from typing import Optional
 
 from planner.mesh import MeshSpec
-
-TT_MESHES = frozenset(
-    {(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8)}
-    | {(4, 16), (4, 32), (8, 4), (8, 8), (8, 16)}
-)
+from planner.targets import TARGETS
 
 
 def chip_mesh(mesh: MeshSpec) -> MeshSpec:
@@ -27,18 +21,13 @@ def chip_mesh(mesh: MeshSpec) -> MeshSpec:
     shape, names = tuple(mesh.shape), tuple(mesh.axis_names)
     if len(shape) == 2 and shape[0] > 1 and shape[1] == 1:
         return MeshSpec((1, shape[0]), (names[1], names[0]))
-    if len(shape) == 2 and shape not in TT_MESHES and shape[::-1] in TT_MESHES:
-        return MeshSpec(shape[::-1], names[::-1])
-    return mesh
+    return TARGETS["tt-mlir"].runs_on(mesh)
 
 
 def sdy_mesh(mesh: MeshSpec) -> MeshSpec:
     """The ``sdy.mesh`` a program on `mesh` is written with: its axes in the order tt-mlir accepts (a
     transposed shape where only that is supported; lines as they are: tt-mlir folds size-1 axes itself)."""
-    shape = tuple(mesh.shape)
-    if len(shape) == 2 and 1 not in shape and shape not in TT_MESHES and shape[::-1] in TT_MESHES:
-        return chip_mesh(mesh)
-    return mesh
+    return TARGETS["tt-mlir"].runs_on(mesh)
 
 
 def system_for(mesh: MeshSpec) -> Optional[str]:
