@@ -231,4 +231,6 @@ def test_every_block_family_is_padded_and_masked():
     _, (report,) = apply_rewrites(gm, ["sp_pad"], RewriteContext(sp_multiple=4))
     assert sorted(report.where) == ["blocks.0.attn1", "blocks.1.attn1", "vace_blocks.0.attn1", "vace_blocks.1.attn1"]
     assert sum(1 for n in gm.graph.nodes if n.target is F.pad) == 2  # the main tokens and the control tokens
-    assert (run(gm, inputs) - expected).abs().max().item() <= 1e-6
+    # exact up to fp32 rounding at the output's magnitude (~36 here: the padded rows change the order of the
+    # attention's sums; 1.9e-6 was seen on this machine's CPU kernels)
+    assert (run(gm, inputs) - expected).abs().max().item() <= 1e-6 * max(1.0, expected.abs().max().item())

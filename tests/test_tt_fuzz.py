@@ -1,7 +1,7 @@
 """The tt-mlir fuzz (tests/tt_fuzz_cases.py): seeded DiT configs, meshes and budgets planned for tt-mlir,
 each compiled by Tenstorrent's compiler and held against the plan's TTNN prediction, with its numerics on
 CPU. A fixed subset runs here (the issue's hidden-style cases and one drawn case per mesh at its smallest
-budget, bf16, TI2V and a family among them), one subprocess per device count; the rest is ``slow``, and
+budget, bf16, TI2V, I2V and two families among them), one subprocess per device count; the rest is ``slow``, and
 ``python tests/tt_fuzz_cases.py --seed N`` draws others."""
 
 import json
@@ -14,13 +14,15 @@ from tt_fuzz_cases import ALL, CASES, HIDDEN, MESHES, devices
 DEFAULT = sorted(
     {c.id for c in HIDDEN}
     | {
-        "t07-1x2-20h4-L2-ffn24-lat3x5x2-p111-txt5-ti2v-min",
-        "t08-2x2-40h8-L2-ffn24-lat3x8x8-p122-txt7-skyreels-df-bf16-min",
-        "t09-1x4-20h4-L3-ffn96-lat2x6x6-p122-txt5-min",
-        "t10-2x4-1h16-L3-ffn96-lat5x10x2-p122-txt5-min",
-        "t11-4x2-20h8-L1-ffn24-lat2x6x8-p122-txt77-ti2v-min",
-        "t12-1x8-24h4-L3-ffn96-lat3x2x2-p122-txt7-bf16-min",
-        "t13-8x4-1h8-L2-ffn200-lat2x10x4-p122-txt77-bf16-min",
+        "t07-1x2-2h8-L2-ffn40-lat1x1x3-p111-txt16-min",
+        "t08-2x2-20h8-L3-ffn96-lat2x4x4-p122-txt512-img6-bf16-min",
+        "t09-1x4-2h16-L1-ffn24-lat3x2x3-p111-txt1-ch48-ti2v-min",
+        "t10-2x4-1h16-L3-ffn96-lat5x10x2-p122-txt600-min",
+        "t11-4x2-3h16-L1-ffn96-lat2x6x2-p122-txt5-bf16-min",
+        "t12-1x8-7h8-L2-ffn96-lat3x8x8-p122-txt7-skyreels-t2v-bf16-min",
+        "t13-8x4-1h16-L3-ffn96-lat3x2x2-p122-txt7-bf16-min",
+        # Animate's face adapter views split tokens as frames: once refused by tt-mlir (planner.pins, reshapes)
+        "t38-2x4-40h4-L2-ffn96-lat3x8x8-p122-txt7-animate-bf16-min",
     }
 )
 SLOW = [c.id for c in CASES if c.id not in DEFAULT]

@@ -44,7 +44,10 @@ I2V_TEXT = 512
 TEXTS = (1, 600, 5, 77, 7, 16)  # prompt lengths, each in turn
 
 
-def make_cases(seed: int = 2512, n: int = 42) -> list[FuzzCase]:
+SEED = 2512
+
+
+def make_cases(seed: int = SEED, n: int = 42) -> list[FuzzCase]:
     """`n` cases, each mesh at both budgets in turn; the rest drawn from `seed`."""
     from wancompile.models import FAMILIES as REGISTERED
 
