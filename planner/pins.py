@@ -35,6 +35,7 @@ from planner.graph import Graph, Node
 from planner.hardware import HardwareProfile, resolve_hardware
 from planner.placements import Layout
 from planner.plan import ActivationConstraint, Plan
+from planner.pricing import collectives
 from planner.propagate import evaluate
 from planner.reshard import route
 from planner.targets import get_target
@@ -164,6 +165,36 @@ def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, targ
     return tuple(out)
 
 
+def graph_events(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, target=None) -> Counter:
+    """{(kind, axes, bytes, generic place): count} of the collectives of the whole of `graph` under `plan`
+    (its parameter specs and activation pins), as `target`'s partitioner compiles its reshards (None:
+    GSPMD's)."""
+    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
+    forced, copies = plan.constraint_layouts(graph)
+    boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
+    boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
+    ev = evaluate(
+        graph,
+        list(graph),
+        plan.mesh,
+        hw,
+        boundary=boundary,
+        forced=forced,
+        forced_inputs=copies,
+        target=target,
+        halo=get_target(plan.target).spatial_halo,
+    )
+    return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
+
+
+def graph_collectives(
+    graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None
+) -> tuple[Collective, ...]:
+    """The collectives of exactly `graph` under `plan`, as GSPMD compiles them: a plan made for more
+    blocks than the graph holds (`Plan.first_blocks`) predicts those of the graph's blocks with these."""
+    return collectives(graph_events(graph, plan, hardware), plan.mesh)
+
+
 def target_collectives(
     graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None
 ) -> tuple[Collective, ...]:
@@ -172,26 +203,7 @@ def target_collectives(
     ``target``): the plan's collectives, less what the whole-graph propagation under GSPMD has and the
     target's does not, plus what only the target's has."""
     target = get_target(plan.target)
-    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
-    forced, copies = plan.constraint_layouts(graph)
-    boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
-    boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
-
-    def events(t) -> Counter:
-        ev = evaluate(
-            graph,
-            list(graph),
-            plan.mesh,
-            hw,
-            boundary=boundary,
-            forced=forced,
-            forced_inputs=copies,
-            target=t,
-            halo=target.spatial_halo,
-        )
-        return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
-
-    gspmd, own = events(None), events(target)
+    gspmd, own = graph_events(graph, plan, hardware), graph_events(graph, plan, hardware, target)
     gone, extra = gspmd - own, own - gspmd
     out: list[Collective] = []
     for c in plan.collectives:

@@ -431,6 +431,23 @@ class Plan(Record):
         """Blocks of the main stack (`stacks`), 0 for a plan without one."""
         return self.stacks.get(MAIN_STACK, 0)
 
+    def first_blocks(self, n: int) -> "Plan":
+        """This plan for the model cut to the first `n` blocks of each stack: the specs of the later
+        blocks' parameters and activations dropped, everything else (the decisions, the prediction for
+        the whole model) as planned. What a program of a few full-width blocks compiles under the plan made
+        for all of them (`wancompile.tt.fullsize`)."""
+        if n < 1:
+            raise ValueError(f"first_blocks needs at least one block; got {n}")
+
+        def kept(name: str) -> bool:
+            b = self.block_of(name)
+            return b is None or b[1] < n
+
+        return self.with_(
+            params={k: v for k, v in self.params.items() if kept(k)},
+            activations=tuple(c for c in self.activations if kept(c.module)),
+        )
+
     def check(self, graph: Graph, *, unpadded: Optional[Graph] = None) -> None:
         """Raise PlanError unless the graph has the geometry the plan was made for, the plan names
         exactly the graph's parameters, every spec divides its tensor on this mesh, and every

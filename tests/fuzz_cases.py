@@ -186,16 +186,6 @@ def build(c: FuzzCase, dtype: Optional[str] = None):
     return model, inputs
 
 
-def _executions() -> int:
-    """XLA programs run so far in this process (torch_xla's metric)."""
-    import torch_xla.core.xla_model as xm
-    import torch_xla.debug.metrics as met
-
-    xm.wait_device_ops()  # the metric is recorded when an (asynchronous) execution ends
-    data = met.metric_data("ExecuteReplicatedTime")
-    return data[0] if data else 0
-
-
 def _unwrap(e: Exception) -> Exception:
     return getattr(e, "inner_exception", None) or e  # the backend's error arrives wrapped by dynamo
 
@@ -246,9 +236,9 @@ def run_case(c: FuzzCase, target: Optional[str] = None) -> dict:
             out = compiled(**inputs, return_dict=False)
             program = last_program()
             new = hlo.new_modules(dump, before)
-            runs = _executions()
+            runs = runtime.executions()
             compiled(**inputs, return_dict=False)
-            row["programs_per_call"] = _executions() - runs
+            row["programs_per_call"] = runtime.executions() - runs
             eager = model(**inputs, return_dict=False)
             if c.dtype != "float32":  # judged against eager fp32, beside eager in the case's own dtype
                 model32, inputs32 = build(c, "float32")

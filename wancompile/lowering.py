@@ -167,6 +167,31 @@ class ShardedProgram:
             self.first_call_s = time.perf_counter() - t0
         return out if host is None else _to_host(out, host)
 
+    def trace_only(self, *args: Any) -> int:
+        """Trace the main program for the graph's inputs `args` and hand it to `stablehlo_sink`, without
+        compiling or running it: a full-width model is exported for tt-mlir on a machine that could
+        not run it (`wancompile.tt.fullsize`). Split parameters go to the device as data, sharded as the
+        plan says; replicated ones are placeholders that hold no buffer (`ProgramArguments.placeholders`).
+        The fold program (parameter-only values: RoPE tables, casts, packed weights) runs, so that the
+        main program reads its values as device data, as it does when it runs. Returns the number of
+        traced outputs; the traced graph is then dropped."""
+        import torch.utils._pytree as pytree
+        import torch_xla
+
+        if self.stablehlo_sink is None:
+            raise RuntimeError("trace_only needs a stablehlo_sink to hand the traced program to")
+        with torch.no_grad():
+            fold = set(self.fold.split.sources) if self.fold is not None else set()
+            xla_args = self.arguments.placeholders(args, [i in fold for i in range(len(args))])
+            if self.fold is not None:
+                xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
+                xla_args += self._folded(args, xla_args)
+            outs = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
+            self.stablehlo_sink("main", outs)
+        self.traces += 1
+        torch_xla._XLAC._clear_pending_irs(str(self.device))
+        return len(outs)
+
     def program_args(self, args: Sequence[Any]) -> list[Any]:
         """The lowered program's arguments for a call with the graph's inputs `args`: on the device,
         parameters sharded and cached, the fold program's values appended (it runs if they are stale).

@@ -129,6 +129,19 @@ def build_transformer(
     return WanTransformer3DModel(**cfg).eval().to(device)
 
 
+def as_loaded(module: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`module` in `dtype` as a diffusers pipeline loads it (``from_pretrained(torch_dtype=dtype)``): every
+    floating parameter and buffer cast, but those of the modules the model class keeps in fp32
+    (``_keep_in_fp32_modules``: Wan's RoPE tables, time embedder, modulation tables and block norms),
+    matched as diffusers matches them, by a name component."""
+    keep = set(getattr(module, "_keep_in_fp32_modules", None) or ()) if dtype != torch.float32 else set()
+    with torch.no_grad():
+        for name, t in [*module.named_parameters(), *module.named_buffers()]:
+            if t.is_floating_point() and not keep & set(name.split(".")):
+                t.data = t.data.to(dtype)
+    return module
+
+
 def transformer_inputs(
     name: str,
     resolution: str,

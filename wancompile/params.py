@@ -66,6 +66,25 @@ class ProgramArguments:
             out[i] = self.cache.get(a, self._preparers[i]) if self.params[i] is not None else self._preparers[i](a)
         return out
 
+    def placeholders(self, args: Sequence[Any], real: Sequence[bool]) -> list[Any]:
+        """The arguments for a program that is traced, never run (`ShardedProgram.trace_only`): a
+        replicated parameter becomes a placeholder of its shape and dtype, which holds no buffer (its
+        value is never read; on a 32-device mesh a replicated copy per device would take 32 times its
+        bytes of host memory), marked replicated in the exported program (`wancompile.tt.export`). Where
+        `real` is True (what a program that does run reads, e.g. the fold program) the argument is put
+        on the device as `to_device` does."""
+        from torch_xla.core.xla_builder import create_placeholder_tensor
+
+        out = self.to_device(args, [r or param is None for r, param in zip(real, self.params)])
+        for i, (a, param, spec, r) in enumerate(zip(args, self.params, self.specs, real)):
+            if param is not None and not r and isinstance(a, torch.Tensor):
+                out[i] = (
+                    create_placeholder_tensor(tuple(a.shape), a.dtype)
+                    if spec is None or all(e is None for e in spec)
+                    else self._preparers[i](a)
+                )
+        return out
+
     def same_parameters(self, args: Sequence[Any]) -> bool:
         """Are the parameters in `args` the last call's tensors at the same versions? (C-level maps, no
         Python loop: ~1,000 parameters cost microseconds. The tensors are held, so an id is not reused.)"""
@@ -104,6 +123,13 @@ class ProgramArguments:
                 if split and not torch_xla._XLAC._get_xla_sharding_spec(a):
                     xs.mark_sharding(a, self.mesh, spec)
                 return a
+            # Split on the host and send each device its shard, not a full copy each then resharded (32
+            # copies of every weight on a 32-device mesh). torch_xla 2.9 cannot split a 1-D tensor that
+            # stays replicated on some axis this way ("too many indices for tensor of dimension 1"):
+            # those (biases, norm weights) take the copy-then-reshard path.
+            if split and a.dim() > 1:
+                sharding = xs.ShardingSpec(self.mesh, tuple(spec)).xla_spec(a)
+                return torch_xla._XLAC._xla_tensors_from_aten([a.detach()], [str(self.device)], [sharding])[0]
             x = a.detach().to(self.device)
             if split:
                 xs.mark_sharding(x, self.mesh, spec)

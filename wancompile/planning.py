@@ -135,10 +135,12 @@ def solve(
     opts: Options,
     values: Optional[dict[str, int]] = None,
     padder: Optional[HeadPadder] = None,
+    num_blocks: Optional[int] = None,
 ) -> Plan:
     """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
     graph, the DiT planner's for a Wan DiT graph (with padded-head options where `padder` is
-    given), else replicated (`replicated_plan`)."""
+    given; `num_blocks`: the blocks of the whole model when the graph holds fewer), else replicated
+    (`replicated_plan`)."""
     from planner.cfg import plan_dit
     from planner.hardware import resolve_hardware
     from planner.targets import get_target
@@ -162,6 +164,7 @@ def solve(
             weight_copies=opts.weight_sets,
             pad_heads=padder,
             sequential=CFG_PAIR_SPLITTABLE.get(),
+            num_blocks=num_blocks,
             **common,
         )
     return replicated_plan(graph, mesh, opts)

@@ -192,3 +192,14 @@ def subprocess_env(num_devices: int, dump_dir: Optional[str | Path] = None, **ex
     env["XLA_FLAGS"] = " ".join(flags)
     env.update(extra)
     return env
+
+
+def executions() -> int:
+    """XLA programs run so far in this process (torch_xla's ``ExecuteReplicatedTime`` metric, after the
+    pending ones end)."""
+    import torch_xla.core.xla_model as xm
+    import torch_xla.debug.metrics as met
+
+    xm.wait_device_ops()  # the metric is recorded when an (asynchronous) execution ends
+    data = met.metric_data("ExecuteReplicatedTime")
+    return data[0] if data else 0

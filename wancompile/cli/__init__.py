@@ -141,9 +141,15 @@ def _parser() -> argparse.ArgumentParser:
     tt = sub.add_parser(
         "tt-check",
         parents=[common],
-        help="compile a tiny model's programs through tt-mlir (compile-only) and compare TTNN's collectives with the plan's",
+        help="compile a tiny model's programs (or a full-size model's first --blocks at full width) through tt-mlir "
+        "(compile-only) and compare TTNN's collectives and DRAM per chip with the plan's",
     )
-    tt.add_argument("--model", default="tiny", help="tiny (transformer); tiny-wan2.1 | tiny-wan2.2 (vae)")
+    tt.add_argument(
+        "--model",
+        default="tiny",
+        help="tiny (transformer); tiny-wan2.1 | tiny-wan2.2 (vae); full size, exported without running: a "
+        "transformer (wan2.2-t2v-a14b, ...) with --blocks, or a VAE (wan2.1 | wan2.2) with --component vae",
+    )
     tt.add_argument("--component", default="transformer", choices=["transformer", "vae"])
     tt.add_argument("--mesh", required=True, help="mesh shape, e.g. 2x4 (axes batch, model)")
     tt.add_argument(
@@ -153,7 +159,17 @@ def _parser() -> argparse.ArgumentParser:
     number_flag(tt, "--memory-gb", None)
     tt.add_argument("--rewrites", default="none", help="as the backend's `rewrites` option")
     tt.add_argument("--hardware", default=None, help="cost-model profile (default: the mesh's)")
-    count_flag(tt, "--frames", 9)
+    count_flag(tt, "--frames", None, "video frames (default: 9 for a tiny model, 81 at full size)")
+    count_flag(
+        tt,
+        "--blocks",
+        None,
+        "full size: compile this many blocks of --model at full width (with the embedders and the output), "
+        "planned for all of them; exported without running",
+    )
+    tt.add_argument("--resolution", default="720p", help="full size: as `wancompile plan --resolution`")
+    tt.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="full size: as loaded")
+    count_flag(tt, "--experts", None, "full size: weight sets resident per device (default 2 for A14B, else 1)")
     count_flag(tt, "--batch", 1, "2: a CFG pair as one forward")
     tt.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto")
     count_flag(tt, "--t-chunk", None, "vae: chunked-T, k frames")

@@ -1,5 +1,6 @@
-"""``wancompile tt-check``: compile a tiny model's programs through tt-mlir and compare TTNN's collectives
-with the plan's."""
+"""``wancompile tt-check``: compile a tiny model's programs through tt-mlir (or, with ``--blocks N``, a
+full-size model's first N blocks at full width, exported without running) and compare TTNN's collectives
+and DRAM per chip with the plan's."""
 
 from __future__ import annotations
 
@@ -11,17 +12,20 @@ from wancompile.cli.args import UsageError
 
 def tt_check_command(args: argparse.Namespace) -> int:
     import json
-    import tempfile
 
     from planner.mesh import parse_mesh
+    from wancompile.models import MODELS
     from wancompile.tt.check import check_model, format_checks
     from wancompile.tt.env import TtUnavailable
+    from wancompile.tt.fullsize import VAE_LATENTS
 
     try:
         mesh = parse_mesh(args.mesh)
     except ValueError as e:
         raise UsageError(f"--mesh: {e}") from None
-    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="wancompile-tt-check-"))
+    if args.blocks is not None or args.model in MODELS and args.model != "tiny" or args.model in VAE_LATENTS:
+        return _full_size(args, mesh)
+    out = _out_dir(args)
     try:
         report = check_model(
             args.model,
@@ -32,7 +36,7 @@ def tt_check_command(args: argparse.Namespace) -> int:
             plan=args.plan,
             memory_gb=args.memory_gb,
             rewrites=args.rewrites,
-            frames=args.frames,
+            frames=args.frames or 9,
             batch=args.batch,
             cfg_parallel=args.cfg_parallel,
             hardware=args.hardware,
@@ -53,6 +57,76 @@ def tt_check_command(args: argparse.Namespace) -> int:
         print(f"  pinned for tt-mlir: {report.pins} pins, {report.constraints} constraints in all")
         print(f"  on CPU (GSPMD) vs eager fp32: PCC {report.pcc:.7f}, max-abs {report.max_abs:.2e}")
         print(format_checks(report.checks))
+        print(f"programs and IRs: {out}")
+    return 0 if report.ok else 1
+
+
+def _out_dir(args: argparse.Namespace) -> Path:
+    import tempfile
+
+    return Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="wancompile-tt-check-"))
+
+
+def _full_size(args: argparse.Namespace, mesh) -> int:
+    """A full-size model, exported without running (`wancompile.tt.fullsize`): a transformer's first
+    ``--blocks N`` blocks at full width, or a VAE's whole decode (``--component vae --model wan2.1``)."""
+    import json
+
+    from wancompile.models import MODELS
+    from wancompile.tt.env import TtUnavailable
+    from wancompile.tt.fullsize import VAE_LATENTS, check_full_size, check_full_size_vae
+
+    vae = args.component == "vae"
+    if vae != (args.model in VAE_LATENTS):
+        raise UsageError(
+            f"--model {args.model} is a VAE: pass --component vae"
+            if not vae
+            else f"--component vae takes a VAE: {', '.join(VAE_LATENTS)} (full size) or tiny-wan2.1 | tiny-wan2.2"
+        )
+    if vae and args.blocks is not None:
+        raise UsageError("--blocks counts a transformer's blocks; a VAE decode is compiled whole")
+    if not vae and args.blocks is None:
+        raise UsageError(f"--model {args.model} is full size: say how many of its blocks to compile, e.g. --blocks 2")
+    if not vae and (args.model not in MODELS or args.model == "tiny"):
+        raise UsageError(f"--blocks needs a full-size --model ({', '.join(m for m in MODELS if m != 'tiny')})")
+    if args.plan is not None or args.batch != 1 or args.rewrites != "none" or args.t_chunk is not None:
+        raise UsageError(
+            "a full-size check plans the model itself (batch 1, no rewrites, full-T); drop --plan, --batch, "
+            "--rewrites, --t-chunk"
+        )
+    spec = MODELS[VAE_LATENTS[args.model] if vae else args.model]
+    try:
+        spec.latent_shape(args.resolution, args.frames or 81)
+    except ValueError as e:
+        raise UsageError(f"--{'resolution' if 'resolution' in str(e) else 'frames'}: {e}") from None
+    layers = spec.transformer["num_layers"]
+    if not vae and args.blocks > layers:
+        raise UsageError(f"--blocks: {args.model} has {layers} blocks; got {args.blocks}")
+    out = _out_dir(args)
+    common = dict(
+        resolution=args.resolution, frames=args.frames or 81, hardware=args.hardware, memory_gb=args.memory_gb
+    )
+    try:
+        if vae:
+            report = check_full_size_vae(args.model, mesh, args.system, out, **common)
+        else:
+            report = check_full_size(
+                args.model,
+                mesh,
+                args.system,
+                out,
+                blocks=args.blocks,
+                dtype=args.dtype,
+                weight_sets=args.experts,
+                **common,
+            )
+    except TtUnavailable as e:
+        raise UsageError(str(e)) from None
+    _record_memory(out / "plan.json", report.checks)
+    if args.json:
+        print(json.dumps(report.to_json() | {"out": str(out)}))
+    else:
+        print(report.format())
         print(f"programs and IRs: {out}")
     return 0 if report.ok else 1
 

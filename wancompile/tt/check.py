@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Mapping, Optional
+from typing import Callable, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.mesh import MeshSpec
@@ -53,6 +53,7 @@ class ProgramCheck:
     ttnn_ir: Optional[str] = None
     memory: Optional[ttnn.Memory] = None  # the TTNN program's DRAM per chip, walked op by op
     planned_bytes: Optional[int] = None  # the planner's per-device estimate (plan.predicted), for the main program
+    compiler_peak_bytes: int = 0  # the compiler process's peak resident memory on this host
 
     @property
     def memory_ratio(self) -> Optional[float]:
@@ -67,7 +68,7 @@ class ProgramCheck:
 
     def to_json(self) -> dict:
         return {
-            **_attrs(self, "program", "system", "compiled", "error", "seconds", "as_predicted"),
+            **_attrs(self, "program", "system", "compiled", "error", "seconds", "as_predicted", "compiler_peak_bytes"),
             "collectives": [
                 {
                     "kind": m.kind,
@@ -139,8 +140,9 @@ def check_programs(
             out.append(ProgramCheck(name, system, False, f"the compiler process failed: {tail[0]}"))
             continue
         r = json.loads(line[len("TT-CHECK ") :])
+        peak = int(r.get("peak_rss_bytes", 0))
         if not r["ok"]:
-            out.append(ProgramCheck(name, system, False, r["error"], r["seconds"]))
+            out.append(ProgramCheck(name, system, False, r["error"], r["seconds"], compiler_peak_bytes=peak))
             continue
         text = Path(r["ttnn"]).read_text()
         observed = ttnn.parse_collectives(text, mesh)
@@ -157,6 +159,7 @@ def check_programs(
                 r["ttnn"],
                 ttnn.memory(text),
                 (planned_bytes or {}).get(name),
+                peak,
             )
         )
     return out
@@ -174,9 +177,12 @@ def _metrics(path: Optional[str]) -> dict[str, float]:
     }
 
 
-def check_compiled(programs: Iterable, systems: Iterable[str], out_dir: Path) -> list[ProgramCheck]:
+def check_compiled(
+    programs: Iterable, systems: Iterable[str], out_dir: Path, planned_bytes: Optional[Callable] = None
+) -> list[ProgramCheck]:
     """Every program the `ShardedProgram`s wrote for tt-mlir (main and fold), compiled for each system
-    and compared with its plan's tt-mlir prediction (the fold program: none)."""
+    and compared with its plan's tt-mlir prediction (the fold program: none). `planned_bytes(program)`:
+    the planner's DRAM per device for a main program (default: its plan's estimate for the whole model)."""
     modules: dict[str, Path] = {}
     predicted: dict[str, list[Collective]] = {}
     planned: dict[str, int] = {}
@@ -191,7 +197,9 @@ def check_compiled(programs: Iterable, systems: Iterable[str], out_dir: Path) ->
             modules[sink.names[which]] = path
         plan = program.plan
         predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
-        planned[sink.names["main"]] = plan.predicted.memory_bytes_per_device
+        planned[sink.names["main"]] = (
+            planned_bytes(program) if planned_bytes is not None else plan.predicted.memory_bytes_per_device
+        )
     device = chip_mesh(programs[-1].plan.user_mesh)
     predicted = {k: on_device(v, programs[-1].plan.user_mesh, device) for k, v in predicted.items()}
     return [c for s in systems for c in check_programs(modules, predicted, s, device, out_dir, planned)]

@@ -28,6 +28,7 @@ WORKER = Path(__file__).with_name("worker.py")
 SYSTEM_PROFILES = {
     "bh-2x4": "bh-loudbox",
     "bh-galaxy": "bh-galaxy",
+    "wh-galaxy": "wh-galaxy",
     "wh-loudbox": "wh-loudbox",
     "wh-n300": "wh-n300",
 }

@@ -11,7 +11,7 @@ compiles them. For each program it writes, into its folder:
 - ``<name>.shardings.json``: the plan's specs, keyed by the GSPMD annotation torch_xla writes for each
   (torch_xla itself makes the key, from a tensor marked with the spec), with the mesh's axis names and
   sizes: the worker's Shardy conversion looks every annotation up here, so the Shardy module says
-  exactly what the plan says;
+  exactly what the plan says (and an argument torch_xla left unannotated, a placeholder, is replicated);
 - ``<name>.tt.mlir``: the Shardy-form module (`wancompile.tt.worker` ``shardy``), when the worker's
   interpreter has jaxlib (`wancompile.tt.env`); otherwise the first two, and a log line how to get it.
 
@@ -57,7 +57,11 @@ class ShardyExport:
             torch_xla._XLAC._get_stablehlo(outs, device, [device], False).decode()
         )
         shardings = self.directory / f"{stem}.shardings.json"
-        shardings.write_text(json.dumps(shardings_table(self.plan, self.mesh, self.specs), indent=1))
+        table = shardings_table(self.plan, self.mesh, self.specs)
+        # under SPMD torch_xla annotates every argument it holds data for; one without an annotation is a
+        # placeholder of a program traced, never run (`ShardedProgram.trace_only`): a replicated parameter
+        table["unannotated_arguments"] = "replicated"
+        shardings.write_text(json.dumps(table, indent=1))
         self.names[program] = stem
         self.written[program] = artifact
         if self.convert:

@@ -126,7 +126,8 @@ class Memory:
     arguments_bytes: int  # weights and inputs (DRAM, allocated)
     constants_bytes: int  # const-eval results the program keeps (DRAM, allocated)
     peak_op: str  # the op whose result makes the peak
-    largest: tuple[tuple[str, int, int], ...] = ()  # (value, allocated, logical) of the largest live at the peak
+    # (value, allocated, logical, type such as "1x20x8190x32760xf32") of the largest live at the peak
+    largest: tuple[tuple[str, int, int, str], ...] = ()
     l1_peak_bytes: int = 0
 
     @property
@@ -175,7 +176,7 @@ def memory(ttnn_text: str, top: int = 5) -> Memory:
     """The per-chip memory of the final TTNN IR's ``@main`` (`Memory`)."""
     layouts = _layouts(ttnn_text)
     body = _main(ttnn_text)
-    live: dict[str, tuple[int, int, str]] = {}  # value -> (allocated, logical, space)
+    live: dict[str, tuple[int, int, str, str]] = {}  # value -> (allocated, logical, space, type)
     space_total = Counter()
     logical_dram = 0
 
@@ -184,7 +185,7 @@ def memory(ttnn_text: str, top: int = 5) -> Memory:
         lay = layouts.get(m.group("layout"))
         if lay is None:
             return
-        live[name] = (lay.bytes, _logical(m), lay.space)
+        live[name] = (lay.bytes, _logical(m), lay.space, m.group("dims") + m.group("dtype"))
         space_total[lay.space] += lay.bytes
         if lay.space == "dram":
             logical_dram += _logical(m)
@@ -192,7 +193,7 @@ def memory(ttnn_text: str, top: int = 5) -> Memory:
     def free(name: str) -> None:
         nonlocal logical_dram
         if name in live:
-            nbytes, logical, space = live.pop(name)
+            nbytes, logical, space, _ = live.pop(name)
             space_total[space] -= nbytes
             if space == "dram":
                 logical_dram -= logical
@@ -224,5 +225,5 @@ def memory(ttnn_text: str, top: int = 5) -> Memory:
         l1_peak = max(l1_peak, space_total["l1"])
         if space_total["dram"] > peak[0]:
             peak = (space_total["dram"], logical_dram, (op.group(1) or op.group(2)) if op else "?", dict(live))
-    largest = sorted(((k, v[0], v[1]) for k, v in peak[3].items() if v[2] == "dram"), key=lambda x: -x[1])[:top]
+    largest = sorted(((k, v[0], v[1], v[3]) for k, v in peak[3].items() if v[2] == "dram"), key=lambda x: -x[1])[:top]
     return Memory(peak[0], peak[1], arguments, constants, peak[2], tuple(largest), l1_peak)

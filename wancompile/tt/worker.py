@@ -19,7 +19,8 @@ jax clashes with the user's; `wancompile.tt.env`).
     compile-only through tt-mlir (``TT_COMPILE_ONLY_SYSTEM_DESC``: no device is opened): StableHLO →
     TTIR → TTNN → flatbuffer for the descriptor's chips, every IR stage under ``EXPORT_DIR/irs``, TTNN's
     perf metrics beside it. Prints one JSON object: ``ok``, ``error`` (the compiler's first error line),
-    ``seconds``, ``ttnn`` (path of the final TTNN IR), ``metrics`` (path of the metrics JSON).
+    ``seconds``, ``ttnn`` (path of the final TTNN IR), ``metrics`` (path of the metrics JSON),
+    ``peak_rss_bytes`` (the compiler process's peak resident memory).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
         module = stablehlo.deserialize_portable_artifact(ctx, open(src, "rb").read())
 
         def sharding(text: str, rank: int):
-            if text not in table:
+            if text not in table and text != "{replicated}":
                 raise SystemExit(f"annotation {text} is not one of the plan's specs (shardings: {shardings_path})")
             dims = table[text] if text != "{replicated}" else [[]] * rank
             if len(dims) != rank:
@@ -78,6 +79,17 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
             if "arg_attrs" in fn.attributes:
                 fn.attributes["arg_attrs"] = convert_attrs(fn.attributes["arg_attrs"], fty.inputs)
                 counts["arguments"] += len(fty.inputs)
+            if ir.StringAttr(fn.attributes["sym_name"]).value == "main" and spec.get("unannotated_arguments"):
+                # a traced-only program's placeholders (values never read) carry no annotation: replicated
+                attrs = fn.attributes["arg_attrs"] if "arg_attrs" in fn.attributes else [None] * len(fty.inputs)
+                out = []
+                for d, ty in zip(attrs, fty.inputs):
+                    entries = {a.name: a.attr for a in ir.DictAttr(d)} if d is not None else {}
+                    if "sdy.sharding" not in entries:
+                        entries["sdy.sharding"] = sharding("{replicated}", ir.RankedTensorType(ty).rank)
+                        counts["placeholder_arguments"] = counts.get("placeholder_arguments", 0) + 1
+                    out.append(ir.DictAttr.get(entries))
+                fn.attributes["arg_attrs"] = ir.ArrayAttr.get(out)
             if "res_attrs" in fn.attributes:
                 fn.attributes["res_attrs"] = convert_attrs(fn.attributes["res_attrs"], fty.results)
                 counts["results"] += len(fty.results)
@@ -262,6 +274,17 @@ def spatial_convs(module) -> list[str]:
     return found
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory since it started its program (``VmHWM``: unlike
+    ``getrusage``'s maxrss, not inherited across fork and exec), 0 where /proc has no such line."""
+    try:
+        with open("/proc/self/status") as f:
+            line = next((x for x in f if x.startswith("VmHWM:")), "")
+    except OSError:
+        return 0
+    return int(line.split()[1]) * 1024 if line else 0
+
+
 def _first_line(msg: str) -> str:
     lines = [x.strip() for x in msg.splitlines() if x.strip()]
     return lines[0] if lines else msg
@@ -276,6 +299,7 @@ def _result(ok: bool, error: str, seconds: float, export: str) -> dict:
         "seconds": round(seconds, 3),
         "ttnn": ttnn[-1] if ttnn else None,
         "metrics": metrics[-1] if metrics else None,
+        "peak_rss_bytes": peak_rss_bytes(),
     }
 
 
