@@ -37,9 +37,24 @@ class _Tee(io.TextIOBase):
         self.out.flush()
 
 
-def main_writing(main: Callable[[], object], name: str, title: str, context: str = "") -> None:
+def write_readme_block(block: str, text: str) -> Path:
+    """README.md with the lines between ``<!-- begin BLOCK -->`` and ``<!-- end BLOCK -->`` replaced by `text`."""
+    path = ROOT / "README.md"
+    readme = path.read_text()
+    begin, end = f"<!-- begin {block} -->", f"<!-- end {block} -->"
+    if begin not in readme or end not in readme:
+        raise SystemExit(f"README.md has no {begin} ... {end} block to write")
+    head, rest = readme.split(begin, 1)
+    path.write_text(head + begin + "\n" + text.rstrip() + "\n" + end + rest.split(end, 1)[1])
+    return path
+
+
+def main_writing(
+    main: Callable[[], object], name: str, title: str, context: str = "", readme_block: str | None = None
+) -> None:
     """Run a bench's `main`; with ``--write`` among the arguments, also write what it printed (its
-    markdown tables) to docs/`name`, headed by the command and the commit."""
+    markdown tables) to docs/`name`, headed by the command and the commit, and, with `readme_block`,
+    into README.md's block of that name (`write_readme_block`)."""
     write = "--write" in sys.argv[1:]
     if write:
         sys.argv.remove("--write")
@@ -51,3 +66,5 @@ def main_writing(main: Callable[[], object], name: str, title: str, context: str
         write_doc(
             name, title, args, context or "Columns and method: the script's docstring.", [tee.buf.getvalue().rstrip()]
         )
+        if readme_block:
+            write_readme_block(readme_block, f"Written by `{args}` on {commit()}:\n\n{tee.buf.getvalue()}")

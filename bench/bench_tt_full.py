@@ -120,4 +120,9 @@ if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "bench"))
     from _docs import main_writing
 
-    main_writing(main, "tt-full-width.md", "Full-size Wan through tt-mlir, compiled without running")
+    main_writing(
+        main,
+        "tt-full-width.md",
+        "Full-size Wan through tt-mlir, compiled without running",
+        readme_block="tt-full-width",
+    )
