@@ -124,12 +124,16 @@ class ProgramArguments:
                     xs.mark_sharding(a, self.mesh, spec)
                 return a
             # Split on the host and send each device its shard, not a full copy each then resharded (32
-            # copies of every weight on a 32-device mesh). torch_xla 2.9 cannot split a 1-D tensor that
-            # stays replicated on some axis this way ("too many indices for tensor of dimension 1"):
-            # those (biases, norm weights) take the copy-then-reshard path.
-            if split and a.dim() > 1:
+            # copies of every weight on a 32-device mesh). torch_xla 2.9 cannot split some layouts this
+            # way ("too many indices for tensor of dimension N": a tensor that stays replicated on a mesh
+            # axis, when it has 1 dim, or on a CFG split's 3-D mesh): those take the copy-then-reshard path,
+            # to the same layout.
+            if split:
                 sharding = xs.ShardingSpec(self.mesh, tuple(spec)).xla_spec(a)
-                return torch_xla._XLAC._xla_tensors_from_aten([a.detach()], [str(self.device)], [sharding])[0]
+                try:
+                    return torch_xla._XLAC._xla_tensors_from_aten([a.detach()], [str(self.device)], [sharding])[0]
+                except IndexError:
+                    pass
             x = a.detach().to(self.device)
             if split:
                 xs.mark_sharding(x, self.mesh, spec)
