@@ -69,3 +69,12 @@ def check_out_dir(out: Path, flag: str) -> None:
         raise UsageError(f"{flag} {out}: cannot create the directory ({e.strerror})") from None
     if not os.access(out, os.W_OK | os.X_OK):
         raise UsageError(f"{flag} {out}: the directory is not writable; choose another --out")
+
+
+def check_video(spec, resolution: str, frames: int) -> None:
+    """`spec` (a `wancompile.models.WanModel`) has `resolution` and takes `frames`; else a UsageError
+    naming the flag at fault."""
+    try:
+        spec.latent_shape(resolution, frames)
+    except ValueError as e:
+        raise UsageError(f"--{'resolution' if 'resolution' in str(e) else 'frames'}: {e}") from None

@@ -9,7 +9,7 @@ import math
 import sys
 from pathlib import Path
 
-from wancompile.cli.args import UsageError, check_out_dir
+from wancompile.cli.args import UsageError, check_out_dir, check_video
 
 log = logging.getLogger("wancompile")
 
@@ -24,10 +24,7 @@ def _check_plan_args(args: argparse.Namespace):
         spec = get_model(args.model)
     except ValueError as e:
         raise UsageError(f"--model: {e}") from None
-    try:
-        spec.latent_shape(args.resolution, args.frames)
-    except ValueError as e:
-        raise UsageError(f"--{'resolution' if 'resolution' in str(e) else 'frames'}: {e}") from None
+    check_video(spec, args.resolution, args.frames)
     try:
         mesh = parse_mesh(args.mesh)
     except MeshError as e:

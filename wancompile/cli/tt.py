@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from wancompile.cli.args import UsageError
+from wancompile.cli.args import UsageError, check_video
 
 
 def tt_check_command(args: argparse.Namespace) -> int:
@@ -95,10 +95,7 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
             "--rewrites, --t-chunk"
         )
     spec = MODELS[VAE_LATENTS[args.model] if vae else args.model]
-    try:
-        spec.latent_shape(args.resolution, args.frames or 81)
-    except ValueError as e:
-        raise UsageError(f"--{'resolution' if 'resolution' in str(e) else 'frames'}: {e}") from None
+    check_video(spec, args.resolution, args.frames or 81)
     layers = spec.transformer["num_layers"]
     if not vae and args.blocks > layers:
         raise UsageError(f"--blocks: {args.model} has {layers} blocks; got {args.blocks}")
