@@ -59,6 +59,8 @@ from typing import Hashable, Mapping, Optional, Sequence
 
 from ortools.sat.python import cp_model
 
+from planner.errors import Error
+
 KIB = 1024  # the unit of the memory constraint (d): bytes per KiB
 
 
@@ -137,8 +139,9 @@ class SolveResult:
         return 0.0 if self.objective_ns == 0 else max(0.0, (self.objective_ns - self.bound_ns) / self.objective_ns)
 
 
-class Infeasible(RuntimeError):
-    """The solver proved that no choice satisfies the constraints (CP-SAT status INFEASIBLE)."""
+class Infeasible(Error, RuntimeError):
+    """The solver proved that no choice satisfies the constraints (CP-SAT status INFEASIBLE). Internal: the
+    planner reports it as `MemoryBudgetError`, `InfeasiblePlanError` or `SolverTimeout`; an `Error` all the same."""
 
     def __init__(self, status: str, time_limit_s: Optional[float] = None) -> None:
         super().__init__(status)

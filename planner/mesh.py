@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence, Union
 
+from planner.errors import Error
 from planner.records import Record
 
 AxisEntry = Union[None, str, tuple[str, ...]]
@@ -23,7 +24,7 @@ PartitionSpec = tuple[AxisEntry, ...]
 DEFAULT_AXIS_NAMES = {1: ("model",), 2: ("batch", "model")}
 
 
-class MeshError(ValueError):
+class MeshError(Error, ValueError):
     """A mesh description that cannot be used; the message says how to fix it."""
 
 

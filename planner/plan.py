@@ -16,14 +16,16 @@ A plan is data the lowering applies and a person can read:
 
 JSON only (no pickles), with ``schema_version``; `load_plan` rejects anything it does not
 understand with a message that says what is wrong (an older schema: re-plan with `wancompile plan`).
-The records below are the format: `planner.records` writes and reads them from their fields and
+The records are the format: `planner.records` writes and reads them from their fields and
 type hints, and generates ``wancompile/schema/plan.schema.json`` from them
 (``python -m wancompile.report.schema --write``); only what a type cannot say is written here (the
 partition-spec and location encodings, the version check, ``geometry.layers``).
 
-Over 400 lines because it is the format's one definition: every plan.json record with its field
-documentation, plus the checks that a plan fits a captured graph (`Plan.check`); the decision
-records are `planner.decision`'s, the JSON mapping `planner.records`'.
+This module is the `Plan` record (what it holds, how its blocks are named, its summary, its JSON
+with the version check) and the file functions. The records it is made of and the encodings they
+share are `planner.plan_records`'s; the check that a plan fits a graph is `planner.plan_check`'s;
+the errors are `planner.errors`' (`PlanError` and its subclasses); the decision records are
+`planner.decision`'s, the JSON mapping `planner.records`'. All are importable from here.
 """
 
 from __future__ import annotations
@@ -46,68 +48,38 @@ from planner.decision import (
     OptionCost,
     RingAttention,
 )
-from planner.graph import TUPLE_OPS, Graph, Location, Node
-from planner.mesh import MeshError, MeshSpec, PartitionSpec, normalize_spec
-from planner.placements import Guard, Layout, check_spec
-from planner.records import ADDED, HIDDEN, OMIT, Codec, Key, Record, Schema
+from planner.errors import InfeasiblePlanError, MemoryBudgetError, PlanError, SolverTimeout
+from planner.graph import TUPLE_OPS, Graph
+from planner.mesh import MeshSpec, PartitionSpec
+from planner.placements import Guard, Layout
+from planner.plan_check import check_fits, model_geometry
+from planner.plan_records import (
+    ActivationConstraint,
+    CfgOption,
+    CfgParallel,
+    CompiledMemory,
+    Predicted,
+    RewriteRecord,
+    SolverInfo,
+    Spec,
+    spec_to_json,
+)
+from planner.records import ADDED, HIDDEN, OMIT, Codec, Record, Schema
 
 # 2: typed decisions (options, exclusions, cost split, block-generic scope as data) replaced the
 # prose ``note``; collectives may carry ``reason``/``seconds``.
 SCHEMA_VERSION = 2
 
-# re-exported: the plan's collectives are `planner.collective.Collective`, its decisions `planner.decision`'s
+# re-exported: the plan's collectives are `planner.collective.Collective`, its decisions `planner.decision`'s,
+# its errors `planner.errors`', its other records `planner.plan_records`', its check `planner.plan_check`'s
 __all__ = ["Alternative", "Collective", "CostSplit", "Decision", "Exclusion", "HeadPadding", "Move", "OptionCost"]
 __all__ += ["MAIN_STACK", "RingAttention"]
+__all__ += ["InfeasiblePlanError", "MemoryBudgetError", "PlanError", "SolverTimeout"]
+__all__ += ["ActivationConstraint", "CfgOption", "CfgParallel", "CompiledMemory", "Predicted", "RewriteRecord"]
+__all__ += ["SolverInfo", "Spec", "spec_to_json", "model_geometry"]
+__all__ += ["Plan", "SCHEMA_VERSION", "load_plan", "save_plan", "replicated_params"]
 
-
-class PlanError(ValueError):
-    """A plan that cannot be applied to this model or mesh; the message names the fix."""
-
-
-class MemoryBudgetError(PlanError):
-    """No plan fits the per-device memory budget. ``need_gb`` is a budget the planner then accepts
-    on this mesh (found by solving, not estimated); ``meshes`` names larger system meshes that
-    plan within the given budget (may be empty)."""
-
-    def __init__(self, message: str, *, budget_gb: float, need_gb: float, meshes: tuple[str, ...] = ()) -> None:
-        super().__init__(message)
-        self.budget_gb, self.need_gb, self.meshes = budget_gb, need_gb, meshes
-
-
-class InfeasiblePlanError(PlanError):
-    """The solver proved that no plan exists for a reason other than the memory budget (that one is
-    `MemoryBudgetError`): ``group`` is the macro left without any option, ``excluded`` every option
-    it was offered with what ruled it out (a shape that does not divide, an ``only=`` restriction, a
-    preset, an op a rewrite produced that no strategy places); ``rewrites``: the graph rewrites the
-    backend ran first (the message names the one that touched the macro)."""
-
-    def __init__(
-        self, message: str, *, group: str, excluded: tuple[tuple[str, str], ...] = (), rewrites: tuple[str, ...] = ()
-    ) -> None:
-        super().__init__(message)
-        self.group, self.excluded, self.rewrites = group, excluded, rewrites
-
-
-class SolverTimeout(PlanError):
-    """The solver stopped at its time limit before finding any plan; nothing says none exists.
-    Raise ``time_limit_s`` (``wancompile plan --time-limit``)."""
-
-    def __init__(self, message: str, *, time_limit_s: float) -> None:
-        super().__init__(message)
-        self.time_limit_s = time_limit_s
-
-
-# --- encodings a type cannot say ------------------------------------------------------------------------
-
-
-def spec_to_json(spec: PartitionSpec) -> list:
-    return [list(e) if isinstance(e, tuple) else e for e in spec]
-
-
-def _spec_from_json(value: Any) -> PartitionSpec:
-    if not isinstance(value, list) or not all(e is None or isinstance(e, (str, list)) for e in value):
-        raise PlanError(f"bad partition spec {value!r}: expected a list of null, axis names, or lists of axis names")
-    return normalize_spec(value)
+# --- encodings of the plan's own fields ------------------------------------------------------------------
 
 
 def _weight_sets_from_json(value: Any) -> Optional[int]:
@@ -132,31 +104,6 @@ def _targets_schema() -> dict:
     return {"enum": list(TARGETS)}
 
 
-_AXES = {"type": "array", "items": {"type": "string"}, "minItems": 1}
-Spec = Annotated[
-    PartitionSpec,
-    Codec(
-        spec_to_json,
-        _spec_from_json,
-        {
-            "description": "one entry per tensor dim: null (replicated), a mesh axis name, or a list of axis names (major first)",
-            "type": "array",
-            "items": {"anyOf": [{"type": "null"}, {"type": "string"}, _AXES]},
-        },
-        name="spec",
-    ),
-]
-Dim = Annotated[
-    Any,
-    Codec(
-        lambda d: d if isinstance(d, int) else str(d),
-        lambda d: d,
-        {"anyOf": [{"type": "integer", "minimum": 0}, {"type": "string"}]},
-        name="dim",
-    ),
-]
-_LOCATION = {"type": "string", "pattern": "^[^:]*:[^#]+#[0-9]+$", "description": "Location: module.path:op#occurrence"}
-NonNeg = Schema(minimum=0)
 _WEIGHT_SETS = {"type": ["integer", "null"], "minimum": 1}
 _GEOMETRY = Schema(
     description="the DiT geometry the plan was made for; a plan is refused on a model with other values",
@@ -171,160 +118,6 @@ _GEOMETRY = Schema(
         "layers": {"type": "integer", "minimum": 0},
     },
 )
-CFG_OPTION_ORDER = ("name", "mesh", "split_axis", "step_seconds", "compute_seconds", "comm_seconds")
-CFG_OPTION_ORDER += ("memory_bytes_per_device", "feasible")
-
-
-@dataclass(frozen=True)
-class ActivationConstraint(Record):
-    """Constrain output ``output`` of the op at ``location`` to ``spec`` (in place: every reader of
-    the value sees the constrained layout; several on one op apply in order). With ``input`` set,
-    the op at ``location`` reads its ``input``-th input (graph order) through a copy constrained to
-    ``spec`` instead: the value's other readers keep their layout (a stream value read by two
-    macros with different layouts); readers of one value with the same spec share one copy. ``via``:
-    layouts the value is constrained to first, in order, where the target cannot lower the direct
-    reshard (`planner.reshard.route`: tt-mlir lowers no collective-permute)."""
-
-    json_order = ("node", "module", "output", "shape")
-    json_derived = ("module",)
-
-    location: Annotated[Location, Key("node"), Codec(str, Location.parse, _LOCATION)]
-    spec: Spec
-    shape: Annotated[tuple[Dim, ...], ADDED] = ()
-    output: Annotated[int, ADDED, NonNeg] = 0
-    reason: Annotated[str, ADDED] = ""
-    input: Annotated[Optional[int], OMIT, NonNeg] = None
-    via: Annotated[tuple[Spec, ...], OMIT] = ()
-
-    @classmethod
-    def whole(cls, node: Node, reason: str) -> "ActivationConstraint":
-        """`node`'s output kept whole (replicated on every dim)."""
-        return cls(node.location, (None,) * len(node.out.shape), node.out.shape, reason=reason)
-
-    @property
-    def module(self) -> str:
-        return self.location.module
-
-
-@dataclass(frozen=True)
-class Predicted(Record):
-    """What the cost model predicts for one forward (per decode for the VAE, per step for CFG) and
-    the memory each device holds."""
-
-    step_seconds: Annotated[float, NonNeg] = 0.0
-    compute_seconds: Annotated[float, NonNeg] = 0.0
-    comm_seconds: Annotated[float, NonNeg] = 0.0
-    memory_bytes_per_device: Annotated[int, NonNeg, Schema(description="weights and live activations")] = 0
-
-
-@dataclass(frozen=True)
-class SolverInfo(Record):
-    """How the plan was found: the solver's status (``OPTIMAL``, ``FEASIBLE``, ``hand-written``), its
-    objective, wall time, model size and optimality gap."""
-
-    status: str = "none"  # OPTIMAL | FEASIBLE | hand-written | ...
-    objective: float = 0.0
-    seconds: Annotated[float, NonNeg] = 0.0
-    variables: Annotated[int, NonNeg] = 0
-    constraints: Annotated[int, NonNeg] = 0
-    gap: Annotated[float, NonNeg] = 0.0
-
-
-@dataclass(frozen=True)
-class CfgOption(Record):
-    """One way to run a denoising step's CFG pair (a batch-2 forward), as the planner priced it.
-
-    ``name`` is ``off`` (the batch-2 plan on the whole mesh), ``split(AXIS)`` (mesh axis AXIS halved:
-    each half runs one branch's plan on its submesh) or ``sequential`` (two batch-1 forwards on the whole
-    mesh, the caller's to run). Times are per denoising step (cond + uncond); ``None`` where no plan
-    exists (``reason`` says why: memory, divisibility). An option priced but not for the taking (``sequential``
-    where the caller runs the batch-2 forward itself) keeps its times and gives its ``reason``."""
-
-    json_order = CFG_OPTION_ORDER
-    json_derived = ("feasible",)
-
-    name: Annotated[str, Schema(pattern=r"^(off|sequential|split\([A-Za-z_][\w]*\))$")]
-    mesh: MeshSpec  # the mesh this option's plan is made on (3-D for a split)
-    split_axis: Optional[str] = None  # axis of the user's mesh that was halved
-    step_seconds: Annotated[Optional[float], NonNeg] = None
-    compute_seconds: Annotated[Optional[float], ADDED, NonNeg] = None
-    comm_seconds: Annotated[Optional[float], ADDED, NonNeg] = None
-    memory_bytes_per_device: Annotated[Optional[int], ADDED, NonNeg] = None
-    reason: Annotated[str, ADDED] = ""
-    memory_needed_bytes: Annotated[Optional[int], ADDED, NonNeg] = (
-        None  # no plan fits memory: a lower bound on what the smallest plan needs
-    )
-
-    @property
-    def feasible(self) -> bool:
-        """Priced and for the taking."""
-        return self.step_seconds is not None and not self.reason
-
-
-@dataclass(frozen=True)
-class CfgParallel(Record):
-    """The CFG-parallel decision of a batch-2 DiT plan (`planner.cfg`): what was asked (``mode``:
-    auto / on / off), every option with its cost, the chosen one, and the user's mesh (the plan's own
-    ``mesh`` is the split 3-D mesh when a split was chosen)."""
-
-    json_order = ("mode", "chosen", "axis")
-
-    mode: Annotated[str, Schema(enum=["auto", "on", "off"])]
-    chosen: str
-    base_mesh: MeshSpec
-    batch: Annotated[int, Schema(minimum=2)]
-    options: Annotated[tuple[CfgOption, ...], Schema(minItems=1)]
-    axis: str = "cfg"
-
-    def option(self, name: str) -> CfgOption:
-        return next(o for o in self.options if o.name == name)
-
-    @property
-    def split(self) -> bool:
-        return self.option(self.chosen).split_axis is not None
-
-    def to_json(self) -> dict:
-        return {
-            "mode": self.mode,
-            "chosen": self.chosen,
-            "axis": self.axis,
-            "base_mesh": self.base_mesh.to_json(),
-            "batch": self.batch,
-            "options": [o.to_json() for o in self.options],
-        }
-
-
-@dataclass(frozen=True)
-class RewriteRecord(Record):
-    """A rewrite pass the plan's graph went through: ``count`` sites rewritten at module paths ``where``,
-    and ``skipped``: one entry per candidate it left unchanged (where: why), so a pass that could not
-    run where it was asked to is on the record, not silently dropped."""
-
-    name: str
-    count: Annotated[int, NonNeg]
-    where: tuple[str, ...] = ()
-    skipped: Annotated[tuple[str, ...], OMIT] = ()  # one 'module path: reason' each
-
-    def to_json(self) -> dict:
-        out = {"name": self.name, "count": self.count, "where": list(self.where)}
-        if self.skipped:
-            out["skipped"] = list(self.skipped)
-        return out
-
-
-@dataclass(frozen=True)
-class CompiledMemory(Record):
-    """A plan's main program as a compiler built it for one system: its peak memory per chip read from the
-    compiled program (`wancompile.tt.ttnn.memory`, written by ``wancompile tt-check``) beside the
-    planner's estimate."""
-
-    system: str
-    peak_bytes: Annotated[int, NonNeg, Schema(description="DRAM per chip at the program's peak, as allocated")]
-    peak_logical_bytes: Annotated[int, NonNeg, Schema(description="the same tensors' data, without tile padding")]
-    arguments_bytes: Annotated[int, NonNeg, Schema(description="weights and inputs, as allocated")]
-    constants_bytes: Annotated[int, NonNeg, Schema(description="constants the program keeps, as allocated")]
-    planned_bytes: Annotated[int, NonNeg, Schema(description="the planner's per-device estimate (predicted)")]
-    chip_bytes: Annotated[int, NonNeg, Schema(description="the chip's DRAM")] = 0
 
 
 @dataclass(frozen=True)
@@ -449,82 +242,11 @@ class Plan(Record):
         )
 
     def check(self, graph: Graph, *, unpadded: Optional[Graph] = None) -> None:
-        """Raise PlanError unless the graph has the geometry the plan was made for, the plan names
-        exactly the graph's parameters, every spec divides its tensor on this mesh, and every
-        activation location exists. A plan that pads heads (`head_padding`) names ops of the padded
-        graph; its geometry is the model's: pass the graph before padding as `unpadded`."""
-        self._check_geometry(unpadded if unpadded is not None else graph)
-        shapes = {n.param: n.out.shape for n in graph.params()}
-        unknown = sorted(set(self.params) - set(shapes))
-        missing = sorted(set(shapes) - set(self.params))
-        if unknown or missing:
-            parts = []
-            if unknown:
-                parts.append(f"{len(unknown)} parameter(s) the model does not have (e.g. {', '.join(unknown[:3])})")
-            if missing:
-                parts.append(f"no spec for {len(missing)} of the model's parameter(s) (e.g. {', '.join(missing[:3])})")
-            blocks = len(graph.blocks(MAIN_STACK))  # the stack `layers` counts
-            if self.layers and blocks and self.layers != blocks:
-                parts.append(f"it covers {self.layers} layers, this model has {blocks}")
-            raise PlanError(
-                f"plan for model {self.model!r} does not fit this model ({graph.model or 'captured graph'}): "
-                + "; ".join(parts)
-                + ". Was it saved for another config? Re-plan (drop the `plan` option) or regenerate it for this model."
-            )
-        for name, spec in self.params.items():
-            try:
-                check_spec(spec, shapes[name], self.mesh, f"plan parameter {name}")
-            except MeshError as e:
-                raise PlanError(str(e)) from None
-        by_loc = graph.by_location()
-        for c in self.activations:
-            node = by_loc.get(c.location)
-            if node is None:
-                raise PlanError(
-                    f"plan constrains {c.location}, but the captured graph has no such op. The plan was made for a "
-                    f"different model structure or rewrite set; re-plan, or keep the `rewrites` option it was made with."
-                )
-            if c.input is not None:
-                if not 0 <= c.input < len(node.inputs) or not graph[node.inputs[c.input]].outputs:
-                    raise PlanError(
-                        f"plan constrains input {c.input} of {c.location}, which has no such tensor input "
-                        f"({len(node.inputs)} input(s)); re-plan for this model"
-                    )
-                shape = graph[node.inputs[c.input]].out.shape
-            elif c.output >= len(node.outputs):
-                raise PlanError(
-                    f"plan constrains output {c.output} of {c.location}, which has {len(node.outputs)} output(s)"
-                )
-            else:
-                shape = node.outputs[c.output].shape
-            try:
-                check_spec(c.spec, shape, self.mesh, f"plan activation {c.location}")
-            except MeshError as e:
-                raise PlanError(str(e)) from None
-
-    def _check_geometry(self, graph: Graph) -> None:
-        here = model_geometry(graph)
-        if not self.geometry or not here:
-            return
-        wrong = []
-        for key, unit in (("heads", "attention heads"), ("head_dim", "head dim"), ("tokens", "tokens")):
-            a, b = self.geometry.get(key), here.get(key)
-            if a is None or b is None or not isinstance(a, int) or not isinstance(b, int):
-                continue  # a symbolic token count: its guards decide (planner.guards)
-            if a != b:
-                wrong.append(f"{unit} {a} (this model: {b})")
-        if wrong:
-            hint = (
-                " — another resolution or frame count: save one plan per resolution, or compile with dynamic=True"
-                if len(wrong) == 1 and wrong[0].startswith("tokens")
-                else ""
-            )
-            raise PlanError(
-                f"plan for model {self.model!r} was made for "
-                + ", ".join(wrong)
-                + hint
-                + ". Re-plan for this model (drop the `plan` option) or pass the plan made for it."
-            )
+        """Raise PlanError unless this plan fits `graph` (`planner.plan_check.check_fits`): its geometry,
+        exactly the graph's parameters, specs that divide on this mesh, activation locations that exist.
+        A plan that pads heads (`head_padding`) names ops of the padded graph; its geometry is the
+        model's: pass the graph before padding as `unpadded`."""
+        check_fits(self, graph, unpadded=unpadded)
 
     # --- summaries -------------------------------------------------------------------------------
 
@@ -617,20 +339,6 @@ def _in_stack(name: str, prefix: str) -> Optional[tuple[int, str]]:
     rest = name[len(prefix) + 1 :]
     cut = min((i for i in (rest.find("."), rest.find(":")) if i >= 0), default=len(rest))
     return (int(rest[:cut]), rest[cut:]) if rest[:cut].isdigit() else None
-
-
-def model_geometry(graph: Graph) -> dict[str, Any]:
-    """Heads, head dim and token count of a Wan DiT graph, read from block 0's self-attention
-    (SDPA output ``(B, heads, tokens, head_dim)``); {} for a graph without one (the VAE)."""
-    sdpa = next((n for n in graph if n.block == 0 and n.op == "scaled_dot_product_attention"), None)
-    if sdpa is None or len(sdpa.out.shape) != 4:
-        return {}
-    _, heads, tokens, head_dim = sdpa.out.shape
-    return {
-        "heads": int(heads),
-        "head_dim": int(head_dim),
-        "tokens": tokens if isinstance(tokens, int) else str(tokens),
-    }
 
 
 def save_plan(plan: Plan, path: str | Path) -> Path:

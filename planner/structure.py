@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from planner.errors import Error
 from planner.graph import Graph, Node
 from planner.macros import Macro
 from planner.packing import packed_operand
@@ -73,8 +74,8 @@ def family_of(root: str) -> str:
     return root.rsplit(".", 1)[0]
 
 
-class StructureError(ValueError):
-    pass
+class StructureError(Error, ValueError):
+    """A module structure the planner cannot read as blocks; the message says where."""
 
 
 def _child(module: str, root: str) -> Optional[str]:

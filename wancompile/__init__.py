@@ -20,8 +20,8 @@ if not _runtime.enable_spmd_early():
         stacklevel=2,
     )
 
+from planner.errors import Error, InfeasiblePlanError, MemoryBudgetError, PlanError, SolverTimeout
 from planner.mesh import MeshError
-from planner.plan import InfeasiblePlanError, MemoryBudgetError, PlanError, SolverTimeout
 from wancompile.options import OptionsError
 from wancompile.vae import disable_full_t, enable_full_t
 from wancompile.verify import NonFiniteInputError, VerificationError
@@ -47,7 +47,8 @@ __all__ = [
     "enable_full_t",
     "disable_full_t",
     "__version__",
-    # the errors of docs/errors.md; the backend raises them as themselves (wancompile.catchable)
+    # the errors of docs/errors.md, all `Error`s; the backend raises them as themselves (wancompile.catchable)
+    "Error",
     "PlanError",
     "MemoryBudgetError",
     "InfeasiblePlanError",

@@ -27,13 +27,14 @@ from typing import Any, Callable, Optional
 import torch
 import torch.fx as fx
 
+from planner.errors import Error
 from planner.graph import BlockFamily, Graph, Location, Node, TensorMeta
 from rewrites._core import stack_path as module_path  # the one reading of an nn_module_stack entry
 
 _PLACEHOLDER_KINDS = ("modules", "parameters", "buffers")
 
 
-class CaptureError(RuntimeError):
+class CaptureError(Error, RuntimeError):
     """The model could not be captured as one graph; the message says what broke and what to do."""
 
 

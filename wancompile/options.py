@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Optional, Union
 
+from planner.errors import Error
 from planner.mesh import MeshError, MeshSpec, parse_mesh
 from rewrites import PASS_NAMES as REWRITE_NAMES
 
@@ -22,7 +23,7 @@ ENV_PREFIX = "WANCOMPILE_"
 BUILTIN_PLANS = ("tt-xla",)
 
 
-class OptionsError(ValueError):
+class OptionsError(Error, ValueError):
     """A bad backend option; the message names the option and the fix."""
 
 

@@ -27,10 +27,12 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from planner.errors import Error
+
 _DUMP_FLAG = "--xla_dump_to="
 
 
-class RuntimeConfigError(RuntimeError):
+class RuntimeConfigError(Error, RuntimeError):
     """The XLA runtime is (or would be) configured differently from what was asked."""
 
 

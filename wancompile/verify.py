@@ -19,6 +19,7 @@ from typing import Any, Iterable, Mapping, Optional, Sequence
 
 import torch
 
+from planner.errors import Error
 from planner.graph import Graph
 from planner.plan import Collective
 
@@ -32,8 +33,9 @@ class Numerics:
         return f"PCC {self.pcc:.7f}, max-abs {self.max_abs:.3g}"
 
 
-class VerificationError(AssertionError):
-    """The sharded program disagrees with the unsharded one beyond tolerance."""
+class VerificationError(Error):
+    """The sharded program disagrees with the unsharded one beyond tolerance (not an ``AssertionError``: a
+    finding about the plan, not a bug in the program; `planner.errors`)."""
 
 
 class NonFiniteInputError(VerificationError):

@@ -8,11 +8,13 @@ import math
 import os
 from pathlib import Path
 
+from planner.errors import Error
+
 USAGE_EXIT = 2  # argparse's convention for usage errors; every bad input through the CLI exits with it
 FAILURE_EXIT = 1  # the input was fine but the work failed (a file that cannot be written, invalid plans)
 
 
-class UsageError(Exception):
+class UsageError(Error):
     """A bad command-line value; `main` prints it as one line and exits with USAGE_EXIT."""
 
 

@@ -16,6 +16,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from planner.errors import Error
+
 SCHEMA_PATH = Path(__file__).resolve().parents[1] / "schema" / "plan.schema.json"
 _DESCRIPTION = (
     "A sharding plan for a Wan 2.2 model on an XLA mesh (DESIGN.md section 2), generated from planner/plan.py's "
@@ -124,7 +126,7 @@ TRACE_SCHEMA = {
 }
 
 
-class SchemaError(ValueError):
+class SchemaError(Error, ValueError):
     """plan.json does not match the schema; the message gives the JSON path of the first problem."""
 
 

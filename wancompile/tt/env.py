@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Mapping, Optional, Sequence
 
+from planner.errors import Error
+
 PLUGIN_VERSION = "0.1.3"  # the system descriptors' schema hash is this build's
 INSTALL = 'python -m pip install -e ".[tt]"  (jax==0.10.2, jaxlib==0.10.2, jax-tt-plugin==0.1.3)'
 SYSTEMS_DIR = Path(__file__).with_name("systems")
@@ -34,7 +36,7 @@ SYSTEM_PROFILES = {
 }
 
 
-class TtUnavailable(RuntimeError):
+class TtUnavailable(Error, RuntimeError):
     """Tenstorrent's compiler is not installed where wancompile looks for it; the message says how to install it."""
 
 
