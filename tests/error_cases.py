@@ -70,14 +70,18 @@ def plan(*argv: str) -> Callable[[Path], tuple[str, str]]:
 
 
 def raises(fn: Callable[[Path], object]) -> Callable[[Path], tuple[str, str]]:
-    """Call `fn`; the error it raises (the backend's own, unwrapped from dynamo's BackendCompilerFailed)."""
+    """Call `fn`; the error it raises (the backend's own, unwrapped from dynamo's BackendCompilerFailed),
+    its type name marked when it is not a `wancompile.Error` (the one base every project error has)."""
 
     def run(tmp: Path) -> tuple[str, str]:
+        from planner.errors import Error
+
         try:
             fn(tmp)
         except Exception as e:  # the catalogue records whatever comes out
             inner = getattr(e, "inner_exception", None) or e
-            return type(inner).__name__, str(inner).replace(str(tmp), "TMP")
+            name = type(inner).__name__ if isinstance(inner, Error) else f"{type(inner).__name__} (not an Error)"
+            return name, str(inner).replace(str(tmp), "TMP")
         raise NoError(f"{fn.__name__} raised nothing")
 
     run.raw = fn  # the call itself, for the test that the error comes out unwrapped
@@ -126,9 +130,22 @@ def _cli_on(make: Callable[[Path], Path], *argv: str) -> Callable[[Path], tuple[
 
 
 def _options(options: Optional[dict] = None, env: Optional[dict] = None):
-    from wancompile.options import Options
+    """``torch.compile(nn.Linear(4, 4), backend="wan_autoshard", options=options)(x)`` with `env` added
+    to the environment (``{tmp}`` in a string option is the case's temp directory): the backend refuses
+    a bad option, or WANCOMPILE_* variable, before it plans anything."""
 
-    return lambda tmp: Options.from_user(options or {}, env=env or {})
+    def fn(tmp):
+        import os
+        from unittest import mock
+
+        import torch
+
+        given = {k: v.replace("{tmp}", str(tmp)) if isinstance(v, str) else v for k, v in (options or {}).items()}
+        torch._dynamo.reset()
+        with mock.patch.dict(os.environ, env or {}):
+            torch.compile(torch.nn.Linear(4, 4), backend="wan_autoshard", options=given)(torch.randn(2, 4))
+
+    return fn
 
 
 def _memory(tmp):
@@ -586,6 +603,15 @@ CASES: tuple[Case, ...] = (
         raises(_options({"memory_gb": 0})),
     ),
     Case(
+        "option-plan-missing",
+        "backend",
+        "`options={'plan': 'nowhere/plan.json'}`, a file that does not exist",
+        "OptionsError",
+        r"option 'plan': no file at \S+/nowhere/plan.json; pass the path of a plan.json written by wancompile",
+        "the path of a plan.json (`wancompile plan --out DIR` writes DIR/plan.json), or a built-in plan",
+        raises(_options({"plan": "{tmp}/nowhere/plan.json"})),
+    ),
+    Case(
         "mesh-device-count",
         "backend",
         "`mesh='2x2'` on an 8-device runtime",
@@ -771,11 +797,16 @@ error type and message are checked, and so is this page (it cannot drift). Regen
 
 The CLI prints one line on stderr (`wancompile VERB: ...`) and exits 2 for a bad value (argparse's
 convention) or 1 when the input was fine but a file could not be written / a plan was invalid; `-v`
-adds the traceback. Through `torch.compile`, the backend's errors reach the caller as themselves
-(`except wancompile.PlanError:` around the compiled call catches them; `wancompile.catchable`), where
-dynamo would wrap them in `torch._dynamo.exc.BackendCompilerFailed`; any other error keeps that wrapper
-(its `inner_exception`). All the types below are importable from `wancompile`. Error types: `OptionsError` (wancompile.options), `PlanError` and its subclasses `MemoryBudgetError`
-(`need_gb`: a budget that plans; `meshes`: larger system meshes that plan within the budget),
-`InfeasiblePlanError` (no plan at any budget: `group`, the macro left without options, `excluded`, why each
-was ruled out, `rewrites`) and `SolverTimeout` (`time_limit_s`) in planner.plan, `NonFiniteInputError` (a `VerificationError`,
-wancompile.verify). `TMP` stands for the test's temporary directory."""
+adds the traceback.
+
+Every error the project raises is a `wancompile.Error` (`planner.errors`; most keep their builtin base
+too, `ValueError` or `RuntimeError`): `except wancompile.Error:` catches any of them, a narrower type
+its own. Through `torch.compile`, the backend's errors reach the caller as themselves, with the
+project's message and nothing of dynamo's appended (`wancompile.catchable`), where dynamo would wrap
+them in `torch._dynamo.exc.BackendCompilerFailed` and add its advice for reporting a bug to PyTorch;
+any other error keeps that wrapper (its `inner_exception`). All the types below are importable from
+`wancompile`. Error types: `OptionsError` (wancompile.options), `PlanError` and its subclasses
+`MemoryBudgetError` (`need_gb`: a budget that plans; `meshes`: larger system meshes that plan within
+the budget), `InfeasiblePlanError` (no plan at any budget: `group`, the macro left without options,
+`excluded`, why each was ruled out, `rewrites`) and `SolverTimeout` (`time_limit_s`) in planner.errors,
+`NonFiniteInputError` (a `VerificationError`, wancompile.verify). `TMP` stands for the test's temporary directory."""

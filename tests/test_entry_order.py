@@ -48,6 +48,7 @@ def _result(proc: subprocess.CompletedProcess) -> dict:
 def _refused(proc: subprocess.CompletedProcess) -> str:
     assert proc.returncode not in (0, SEGFAULT, 128 + 11), (proc.returncode, proc.stderr[-3000:])
     assert "RuntimeConfigError" in proc.stderr, proc.stderr[-3000:]
+    assert "TORCHDYNAMO_VERBOSE" not in proc.stderr, proc.stderr[-3000:]  # the message is ours alone (catchable)
     return proc.stderr
 
 
