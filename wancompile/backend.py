@@ -80,7 +80,8 @@ def wan_autoshard(
     gm: fx.GraphModule, example_inputs: list, *, options: Optional[Mapping[str, Any]] = None, **_: Any
 ) -> Callable:
     """The backend. The project's errors (docs/errors.md) reach the caller as themselves, past dynamo's
-    ``BackendCompilerFailed`` (`wancompile.catchable`): ``except wancompile.PlanError`` works."""
+    ``BackendCompilerFailed`` and without its advice appended (`wancompile.catchable`): ``except
+    wancompile.Error`` works."""
     from wancompile.catchable import catchable
 
     try:
