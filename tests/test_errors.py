@@ -78,6 +78,51 @@ def test_every_backend_error_is_caught_by_wancompile_error_around_the_compiled_c
     assert not wrong, wrong
 
 
+# Every exception class defined in the packages, with whether it is a `wancompile.Error`.
+EXCEPTION_CLASSES = """
+import importlib, inspect, pkgutil
+from planner.errors import Error
+
+for package in ("planner", "wancompile", "rewrites"):
+    for m in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
+        if m.name.endswith(".__main__"):
+            continue
+        module = importlib.import_module(m.name)
+        for obj in vars(module).values():
+            if inspect.isclass(obj) and issubclass(obj, BaseException) and obj.__module__ == module.__name__:
+                print("CLASS", f"{module.__name__}.{obj.__qualname__}", issubclass(obj, Error))
+"""
+# a rewrite's signal to its driver to leave one site unchanged: it never leaves the driver (planner.errors)
+NOT_AN_ERROR = {"rewrites._core.Skip"}
+
+
+def test_every_exception_the_project_defines_is_a_wancompile_error():
+    """A new error type cannot miss the one base: every exception class in planner/, wancompile/ and
+    rewrites/ (all their modules imported) is a `wancompile.Error`, but for the internal `NOT_AN_ERROR`."""
+    out = run_script(["-c", EXCEPTION_CLASSES], num_devices=8)
+    rows = dict(line.split()[1:] for line in out.splitlines() if line.startswith("CLASS "))
+    found = set(rows)
+    assert {"wancompile.options.OptionsError", "planner.errors.PlanError", "wancompile.cli.args.UsageError"} <= found
+    assert {name for name, is_error in rows.items() if is_error != "True"} == NOT_AN_ERROR
+
+
+def test_a_verification_that_fails_is_an_error_not_an_assertion():
+    """A sharded program that disagrees with the unsharded one is a finding about the plan, not a bug in
+    the program: ``except AssertionError`` (and test frameworks) do not take it for one."""
+    import wancompile
+
+    assert issubclass(wancompile.VerificationError, wancompile.Error)
+    assert not issubclass(wancompile.VerificationError, AssertionError)
+
+
+def test_an_error_keeps_its_builtin_base():
+    """``except ValueError`` written before the one base still catches a bad option or plan."""
+    import wancompile
+
+    for error in (wancompile.OptionsError, wancompile.PlanError, wancompile.MeshError):
+        assert issubclass(error, wancompile.Error) and issubclass(error, ValueError), error.__mro__
+
+
 def test_documented_matches_by_type_and_pattern():
     from planner.plan import SolverTimeout
 
