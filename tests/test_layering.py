@@ -1,5 +1,6 @@
-"""DESIGN.md §3: planner/ plans without torch_xla or wancompile; rewrites/ never imports the planner; and no
-module of planner/, rewrites/ or wancompile/ depends, through any chain of imports, on itself.
+"""DESIGN.md §3: planner/ plans without torch_xla or wancompile; rewrites/ never imports the planner; no
+module of planner/, rewrites/ or wancompile/ depends, through any chain of imports, on itself; and none is
+over 400 lines without saying why (a paragraph of its docstring that begins "Why ").
 
 An import circle is read off the source (`ast`, nothing is imported): module A depends on module B when A
 names B in an ``import`` or ``from ... import`` statement *anywhere* in its file — at the top, inside a
@@ -200,3 +201,23 @@ def test_no_import_circle_outside_the_ones_issue_27_is_removing():
 def test_no_import_circles_among_the_package_modules():
     graph = import_graph()
     assert not circles(graph), report(graph, circles(graph))
+
+
+# --- module size ----------------------------------------------------------------------------------------
+
+LIMIT = 400  # lines
+
+# The 658-line plan format, split by issue 27's error-type work; this entry goes when that merges (the test
+# below then fails until it does).
+BEING_SPLIT = {"planner/plan.py"}
+
+
+def test_no_module_over_400_lines_without_its_reason():
+    unexplained = set()
+    for path in package_modules().values():
+        text = path.read_text()
+        docstring = ast.get_docstring(ast.parse(text)) or ""
+        why = any(paragraph.startswith("Why ") for paragraph in docstring.split("\n\n"))
+        if len(text.splitlines()) > LIMIT and not why:
+            unexplained.add(str(path.relative_to(ROOT)))
+    assert unexplained == BEING_SPLIT, f"over {LIMIT} lines with no 'Why ...' paragraph in the docstring"
