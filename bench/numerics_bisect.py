@@ -2,7 +2,7 @@
 
 Usage (one XLA CPU device, no SPMD):
 
-    PJRT_DEVICE=CPU PYTHONPATH=. python bench/numerics_bisect.py [--quick] [--json OUT]
+    PJRT_DEVICE=CPU PYTHONPATH=. python bench/numerics_bisect.py [--quick] [--json OUT] [--write]
 
 What it does (see docs/numerics.md for the write-up):
 
@@ -609,4 +609,20 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _docs import main_writing
+
+    def fenced():  # the script prints columns, not markdown: keep them as printed
+        print("```")
+        main()
+        print("```")
+
+    main_writing(
+        fenced if "--write" in sys.argv else main,
+        "numerics-bisect.md",
+        "One-device XLA vs eager CPU on the tiny Wan DiT: the bisection docs/numerics.md reads",
+        context="Sections and method: the script's docstring; the write-up: docs/numerics.md.",
+    )

@@ -21,6 +21,11 @@ error over the rows, on a grid for the two efficiencies with the overhead solved
 `leave_one_out` refits without each row in turn and predicts it. The fitted factors are data
 (`planner/calibration.json`, written by ``bench/bench_calibration.py --write``) that the Tenstorrent
 profiles read (`planner.hardware`).
+
+Why one module of ~400 lines: the terms a row is taken apart into (`forward_terms`, `vae_terms`,
+`text_terms`) and the fit over them (`fit`, `leave_one_out`) are one model — the three `Factors` are
+defined by which terms they scale, and every term exists to be scaled by one of them. The rows themselves
+are data in `planner.published`.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ A mixin of `planner.dit_family.DitFamily`: its methods read the family's state (
 
 from __future__ import annotations
 
+from planner.graph import Graph, Node
 from planner.placements import Layout
 from planner.plan import (
     ActivationConstraint,
@@ -72,8 +73,6 @@ class DitPins:
                 for loc in per_block(node)
             ]
         if tokens_split:
-            from planner.hand_plans import _rope_tables
-
             for table in _rope_tables(self.g):
                 acts.append(
                     ActivationConstraint(
@@ -320,3 +319,15 @@ class DitPins:
                 seen.add(x.name)
                 todo.extend(x.inputs)
         return False
+
+
+def _rope_tables(graph: Graph) -> list[Node]:
+    """The rope module's outputs (cos and sin tables, (1, L, 1, d)), after any padding."""
+    return [
+        n
+        for n in graph
+        if n.module == "rope"
+        and n.outputs
+        and len(n.out.shape) == 4
+        and any(u.module != "rope" for u in graph.users(n.name))
+    ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from planner.graph import Graph, Node
+from planner.graph import Graph
 from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.plan import Plan, PlanError
@@ -98,15 +98,3 @@ def _num_heads(graph: Graph) -> int:
             if isinstance(sizes, list) and isinstance(sizes[0], int) and sizes[0] > 0:
                 return sizes[0]
     raise PlanError("cannot find the attention head count (no unflatten in attn1); is this a Wan DiT graph?")
-
-
-def _rope_tables(graph: Graph) -> list[Node]:
-    """The rope module's outputs (cos and sin tables, (1, L, 1, d)), after any padding."""
-    return [
-        n
-        for n in graph
-        if n.module == "rope"
-        and n.outputs
-        and len(n.out.shape) == 4
-        and any(u.module != "rope" for u in graph.users(n.name))
-    ]

@@ -21,6 +21,10 @@ through instead (every step one tt-mlir lowers); `redistribute` with such a targ
 Where an all-reduce and a later slice of its value are one reduce-scatter: `sliced_first` (the axes
 a reshard slices onto before any collective), `sliced_behind` (values only an elementwise chain to a
 sliced value reads), `reduced_through` (the pass-throughs back to the reducing op).
+
+Why one module of ~400 lines: GSPMD's model and Shardy's route are one recursion — `redistribute` for a
+target that permutes takes the `route`, and `route` prices each step with `redistribute`'s own rules — so
+two modules would import each other; the reduce-scatter walks are the same model's partial-sum case.
 """
 
 from __future__ import annotations

@@ -111,6 +111,14 @@ def tiny_capture(tiny_model, tiny_inputs):
     return capture_module(tiny_model, **tiny_inputs, return_dict=False, model="tiny")
 
 
+# `wancompile plan` on the tiny DiT at its own resolution, 9 frames, on 2x4 (the CLI tests add their options)
+TINY_PLAN = ["plan", "--model", "tiny", "--resolution", "tiny", "--frames", "9", "--mesh", "2x4"]
+
+
+# what ``rewrites="all"`` does to the tiny DiT at 9 frames (45 tokens, padded for SP 4): passes and their counts
+TINY_ALL_REWRITES = {"qkv": 4, "rmsnorm": 0, "conv1x1": 0, "patch_embed": 1, "rope": 4, "sp_pad": 2}
+
+
 def run_script(args, num_devices, timeout=900, stderr=False, **env_extra):
     """Run a Python script in a subprocess with its own virtual device count (and extra environment
     variables); return stdout, or (stdout, stderr) with ``stderr=True``."""
@@ -156,6 +164,42 @@ def raises_from_backend(exc_type, match):
     assert re.search(match, str(err)), f"{match!r} not in {err}"
 
 
+def match_rows(matches) -> list[dict]:
+    """`wancompile.verify.CollectiveMatch`es as the fidelity scripts write them to JSON (one dict each, what
+    `assert_matches_prediction` reads back)."""
+    return [
+        {
+            "kind": m.kind,
+            "axes": list(m.axes),
+            "predicted_count": m.predicted_count,
+            "observed_count": m.observed_count,
+            "predicted_bytes": m.predicted_bytes,
+            "observed_bytes": m.observed_bytes,
+        }
+        for m in matches
+    ]
+
+
+def fidelity_row(case: str, result, program, **more) -> dict:
+    """One compiled case as the fidelity scripts print it (``FIDELITY {json}``, read back by `fidelity_rows`):
+    the case; `result`, the numerics against the reference (`wancompile.verify.numerics`); the plan's strategy
+    per decision; its predicted collectives against the compiled ones per (kind, axes) (``matches``, and as
+    text in ``table``); the HLO they were read from; then what the script adds (`more`)."""
+    from wancompile.verify import compare_collectives
+
+    matches = compare_collectives(program.plan.collectives, program.collectives())
+    return {
+        "case": case,
+        "pcc": result.pcc,
+        "max_abs": result.max_abs,
+        "strategies": {d.node: d.strategy for d in program.plan.decisions},
+        "matches": match_rows(matches),
+        "table": [str(m) for m in matches],
+        "hlo": str(program.hlo_path),
+        **more,
+    }
+
+
 def assert_matches_prediction(matches, where: str) -> None:
     """Every (kind, axes) row of a fidelity comparison (`wancompile.verify.CollectiveMatch` as the
     scripts write it to JSON): the predicted count is the compiled one, bytes within 5 %."""
@@ -174,14 +218,17 @@ def assert_matches_prediction(matches, where: str) -> None:
         assert row.bytes_ok(), f"{where}: bytes off by more than 5% ({row.kind} {row.axes})"
 
 
-def fidelity_rows(args, num_devices, expected, timeout=900, **env_extra):
-    """Run a fidelity script (one JSON object per ``FIDELITY {...}`` line); return (rows, stderr)."""
+def fidelity_rows(args, num_devices, expected, timeout=900, remat_ok=False, **env_extra):
+    """Run a fidelity script (one JSON object per ``FIDELITY {...}`` line); return the rows. Unless
+    `remat_ok`, GSPMD must not have fallen back to "Involuntary full rematerialization" (a layout it could
+    not reach by a collective, replicated and sliced instead)."""
     import json
 
     out, err = run_script(args, num_devices, timeout=timeout, stderr=True, **env_extra)
     rows = [json.loads(line[len("FIDELITY ") :]) for line in out.splitlines() if line.startswith("FIDELITY ")]
     assert len(rows) == expected, out[-3000:]
-    return rows, err
+    assert remat_ok or "Involuntary full rematerialization" not in err, err[-3000:]
+    return rows
 
 
 # --- graphs as dynamo hands them to a backend (rewrite tests) ---------------------------------------
@@ -202,6 +249,18 @@ def capture(fn, *args, **kwargs) -> list[tuple[fx.GraphModule, list]]:
     with torch.no_grad():
         torch.compile(fn, backend=record)(*args, **kwargs)
     return graphs
+
+
+def meta_graph(model: str, resolution: str, frames: int, *, layers=None, dtype=torch.float32, batch: int = 1):
+    """The planner's graph of the DiT `model` (`wancompile.models`; its first `layers` blocks, all when None)
+    at `resolution` and `frames`, batch `batch`, in `dtype`, captured on the meta device (no weights, no
+    compute: full-size models plan here)."""
+    from wancompile.capture import capture_module
+    from wancompile.models import build_transformer, transformer_inputs
+
+    m = build_transformer(model, device="meta", num_layers=layers).to(dtype)
+    inp = transformer_inputs(model, resolution, frames, device="meta", dtype=dtype, batch=batch)
+    return capture_module(m, **inp, return_dict=False, model=model)[0]
 
 
 def fresh(gm: fx.GraphModule) -> fx.GraphModule:

@@ -22,21 +22,14 @@ from planner.hand_plans import tt_xla_plan
 from planner.hardware import PROFILES, PROVENANCE, get_profile
 from planner.mesh import parse_mesh
 
+from conftest import meta_graph
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _capture(name, resolution, frames, layers=None, dtype=torch.float32):
-    from wancompile.capture import capture_module
-    from wancompile.models import build_transformer, transformer_inputs
-
-    m = build_transformer(name, device="meta", num_layers=layers).to(dtype)
-    inp = transformer_inputs(name, resolution, frames, device="meta", dtype=dtype)
-    return capture_module(m, **inp, return_dict=False, model=name)[0]
 
 
 @pytest.fixture(scope="module")
 def a14b():
-    return _capture("wan2.2-t2v-a14b", "480p", 81, layers=2, dtype=torch.bfloat16)
+    return meta_graph("wan2.2-t2v-a14b", "480p", 81, layers=2, dtype=torch.bfloat16)
 
 
 FACTORS = C.Factors(compute_efficiency=0.35, link_efficiency=0.2, op_overhead=5e-6)

@@ -16,6 +16,8 @@ from planner.mesh import MeshSpec, entry_axes, parse_mesh
 from planner.plan import Plan, PlanError
 from wancompile.hlo import group_axes, parse_collectives
 
+from conftest import TINY_PLAN
+
 
 @pytest.fixture(scope="module")
 def pair_graph(tiny_model):
@@ -241,21 +243,7 @@ def test_backend_plans_a_pair_split_and_matches_two_eager_forwards(spmd, tiny_mo
 def test_cli_plans_the_pair_and_refuses_forcing_a_single_forward(tmp_path, capsys):
     from wancompile.cli import main
 
-    tiny = [
-        "plan",
-        "--model",
-        "tiny",
-        "--resolution",
-        "tiny",
-        "--frames",
-        "9",
-        "--mesh",
-        "2x4",
-        "--hardware",
-        "wh-loudbox",
-        "--memory-gb",
-        "0.00035",
-    ]
+    tiny = [*TINY_PLAN, "--hardware", "wh-loudbox", "--memory-gb", "0.00035"]
     assert main([*tiny, "--batch", "2", "--cfg-parallel", "on", "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     data = json.loads((tmp_path / "plan.json").read_text())

@@ -19,6 +19,8 @@ from planner.autoplan import plan_graph
 from planner.cfg import NOT_RUN_BY_CALLER, CfgSequential, plan_dit
 from planner.mesh import parse_mesh
 
+from conftest import meta_graph
+
 # relative. ``sequential`` is priced on the batch-2 graph (planner.cfg.sequential_mesh): each forward also pays
 # the local slice of its branch from the batch-2 inputs (measured: 5 ns of 0.6 ms on the tiny DiT, 4.5 us of
 # 0.96 s per forward for A14B 480p on Galaxy), which two calls of batch 1 do not.
@@ -127,13 +129,8 @@ def test_the_unflattened_forms_equal_the_ops(shape, mask):
 @pytest.fixture(scope="module")
 def a14b_480p():
     """Wan 2.2 T2V-A14B 480p, 81 frames, on meta (2 blocks, planned for 40): the batch-1 and batch-2 graphs."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
-    from bench_cfg import capture
-
-    return capture("480p", 1), capture("480p", 2)
+    a14b = dict(layers=2, dtype=torch.bfloat16)
+    return meta_graph("wan2.2-t2v-a14b", "480p", 81, **a14b), meta_graph("wan2.2-t2v-a14b", "480p", 81, batch=2, **a14b)
 
 
 @pytest.mark.parametrize("mesh,hw", [("2x4", "wh-loudbox"), ("8x4", "wh-galaxy")])

@@ -18,6 +18,8 @@ import pytest
 
 from planner.mesh import parse_mesh
 
+from conftest import fidelity_row
+
 MESH = "2x4"
 
 
@@ -72,7 +74,7 @@ def compile_case(name: str) -> dict:
 
     from planner.plan import MemoryBudgetError
     from wancompile.models import build_family
-    from wancompile.verify import compare_collectives, numerics, run_with_backend
+    from wancompile.verify import numerics, run_with_backend
 
     model, inputs = build_family("vace")
     options = {"mesh": MESH}
@@ -101,30 +103,17 @@ def compile_case(name: str) -> dict:
     with torch.no_grad():
         eager = model(**inputs, return_dict=False)[0]
     plan = program.plan
-    matches = compare_collectives(plan.collectives, program.collectives())
     numel = {p.param: int(p.out.numel) for p in program.graph.params()}
     sharded = sum(numel.get(p, 0) for p in plan.sharded_params())
-    return {
-        "case": name,
-        "memory_gb": options.get("memory_gb"),
-        "pcc": numerics(out, ref).pcc,
-        "pcc_eager": numerics(out[0], eager).pcc,
-        "strategies": {d.node: d.strategy for d in plan.decisions},
-        "sharded_fraction": sharded / sum(numel.values()),
-        "params": {k: list(v) for k, v in plan.params.items()},
-        "matches": [
-            {
-                "kind": m.kind,
-                "axes": list(m.axes),
-                "predicted_count": m.predicted_count,
-                "observed_count": m.observed_count,
-                "predicted_bytes": m.predicted_bytes,
-                "observed_bytes": m.observed_bytes,
-            }
-            for m in matches
-        ],
-        "table": [str(m) for m in matches],
-    }
+    return fidelity_row(
+        name,
+        numerics(out, ref),
+        program,
+        memory_gb=options.get("memory_gb"),
+        pcc_eager=numerics(out[0], eager).pcc,
+        sharded_fraction=sharded / sum(numel.values()),
+        params={k: list(v) for k, v in plan.params.items()},
+    )
 
 
 @pytest.mark.parametrize(
@@ -139,7 +128,7 @@ def compile_case(name: str) -> dict:
 def test_vace_compiles_to_its_prediction(name):
     from conftest import assert_matches_prediction, fidelity_rows
 
-    (row,), _ = fidelity_rows([__file__, name], 8, 1)
+    (row,) = fidelity_rows([__file__, name], 8, 1, remat_ok=True)
     where = f"{name}: {row['strategies']}\n" + "\n".join(row["table"])
     assert row["pcc"] >= 0.99999 and row["pcc_eager"] >= 0.99999, (where, row["pcc"], row["pcc_eager"])
     assert_matches_prediction(row["matches"], where)

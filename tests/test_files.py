@@ -13,7 +13,8 @@ import pytest
 
 from planner import files
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT, TINY_PLAN
+
 NAMES = ("plan.md", "plan.html", "graph.json", "plan.json")
 
 
@@ -124,22 +125,7 @@ def test_killed_wancompile_plan_leaves_a_consistent_plan_or_none(tmp_path):
     from wancompile.report import Report
     from wancompile.report.markdown import render_markdown
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "wancompile.cli",
-        "plan",
-        "--model",
-        "tiny",
-        "--resolution",
-        "tiny",
-        "--frames",
-        "9",
-        "--mesh",
-        "2x4",
-        "--out",
-        str(tmp_path),
-    ]
+    cmd = [sys.executable, "-m", "wancompile.cli", *TINY_PLAN, "--out", str(tmp_path)]
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     first = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr

@@ -10,6 +10,10 @@ edges only) schedules the reads of the rotary-embedding output buffer *before* t
 The XLA checks run in a subprocess with its own runtime (``PJRT_DEVICE=CPU``, one device, no
 SPMD), so they are independent of how the pytest process configured torch_xla (tests in this
 project may run with ``CPU_NUM_DEVICES=8`` and SPMD enabled).
+
+What is pinned is the experiment itself, bench/numerics_bisect.py (its rewrite `functionalize_setitem`, its
+end-to-end paths and its write-order check), so this module imports that script; the package's own fix is
+the `rope` rewrite (rewrites/rope.py), tested in tests/test_rewrites_rope.py.
 """
 
 from __future__ import annotations

@@ -36,31 +36,33 @@ def _image(size: int = 32):
     return Image.fromarray(g.integers(0, 256, (size, size, 3), dtype=np.uint8))
 
 
+def _clip(size: int = 32):
+    """diffusers' tiny CLIP image encoder of the I2V tests (`size` x `size` images, 4-wide tokens) and its
+    processor, as the pipelines' keyword arguments."""
+    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    torch.manual_seed(0)
+    config = CLIPVisionConfig(
+        hidden_size=4,
+        projection_dim=4,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        image_size=size,
+        intermediate_size=16,
+        patch_size=1,
+    )
+    encoder = CLIPVisionModelWithProjection(config).eval()
+    return dict(image_encoder=encoder, image_processor=CLIPImageProcessor(crop_size=size, size=size))
+
+
 def build(kind: str):
     """(pipeline, its call kwargs besides prompt embeddings, generator and steps)."""
     from PIL import Image
 
     if kind == "i2v-wan2.1":  # image_dim: the DiT attends to the CLIP image tokens too
         from diffusers import WanImageToVideoPipeline
-        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
-        torch.manual_seed(0)
-        encoder = CLIPVisionModelWithProjection(
-            CLIPVisionConfig(
-                hidden_size=4,
-                projection_dim=4,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                image_size=32,
-                intermediate_size=16,
-                patch_size=1,
-            )
-        ).eval()
-        pipe = WanImageToVideoPipeline(
-            **_components(36, image_dim=4),
-            image_encoder=encoder,
-            image_processor=CLIPImageProcessor(crop_size=32, size=32),
-        )
+        pipe = WanImageToVideoPipeline(**_components(36, image_dim=4), **_clip())
         return pipe, dict(image=_image(), height=32, width=32, num_frames=9)
     if kind == "i2v-wan2.2":  # two experts, no image encoder; the image latents concatenated on channels
         from diffusers import WanImageToVideoPipeline, WanTransformer3DModel
@@ -94,7 +96,6 @@ def build(kind: str):
         return WanVACEPipeline(**parts), dict(video=video, mask=mask, height=32, width=32, num_frames=9)
     if kind == "animate":  # diffusers' tiny Animate DiT (image_dim 4), a small motion encoder and face adapter
         from diffusers import WanAnimatePipeline, WanAnimateTransformer3DModel
-        from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
 
         from wancompile.models import FAMILIES, TINY_PIPELINE_TRANSFORMER
 
@@ -109,21 +110,7 @@ def build(kind: str):
         parts["transformer"] = WanAnimateTransformer3DModel(
             **dict(TINY_PIPELINE_TRANSFORMER, in_channels=36, image_dim=4), **motion
         ).eval()
-        torch.manual_seed(0)
-        encoder = CLIPVisionModelWithProjection(
-            CLIPVisionConfig(
-                hidden_size=4,
-                projection_dim=4,
-                num_hidden_layers=2,
-                num_attention_heads=2,
-                image_size=4,
-                intermediate_size=16,
-                patch_size=1,
-            )
-        ).eval()
-        pipe = WanAnimatePipeline(
-            **parts, image_encoder=encoder, image_processor=CLIPImageProcessor(crop_size=4, size=4)
-        )
+        pipe = WanAnimatePipeline(**parts, **_clip(size=4))
         pose = [Image.fromarray(np.asarray(_image()) // (i + 1)) for i in range(9)]
         face = [f.resize((16, 16)) for f in pose]
         return pipe, dict(image=_image(), pose_video=pose, face_video=face, height=32, width=32, segment_frame_length=9)

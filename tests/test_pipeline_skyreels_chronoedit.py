@@ -16,7 +16,7 @@ guidance pair and leaves the calls it cannot batch (diffusion forcing, ChronoEdi
 import numpy as np
 import pytest
 import torch
-from test_pipeline_families import FRAMES_MAX_ABS, PCC, _image, _run
+from test_pipeline_families import FRAMES_MAX_ABS, PCC, _clip, _image, _run
 
 STEPS = 2
 
@@ -33,24 +33,6 @@ def _parts(dit_class: str, seed: int = 0, **transformer):
     torch.manual_seed(seed)
     dit = getattr(diffusers, dit_class)(**dict(TINY_PIPELINE_TRANSFORMER, **transformer)).eval()
     return dict(tokenizer=None, text_encoder=None, vae=vae, scheduler=scheduler, transformer=dit)
-
-
-def _clip():
-    """diffusers' tiny CLIP image encoder of the I2V tests (32x32 images, 4-wide tokens) and its processor."""
-    from transformers import CLIPImageProcessor, CLIPVisionConfig, CLIPVisionModelWithProjection
-
-    torch.manual_seed(0)
-    config = CLIPVisionConfig(
-        hidden_size=4,
-        projection_dim=4,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        image_size=32,
-        intermediate_size=16,
-        patch_size=1,
-    )
-    encoder = CLIPVisionModelWithProjection(config).eval()
-    return dict(image_encoder=encoder, image_processor=CLIPImageProcessor(crop_size=32, size=32))
 
 
 def _video(frames: int):

@@ -21,19 +21,12 @@ from planner.plan import Exclusion, MemoryBudgetError, PlanError
 from planner.propagate import evaluate
 from planner.rules import rule_for
 
-
-def _capture(name, resolution, frames, layers=None, dtype=torch.float32):
-    from wancompile.capture import capture_module
-    from wancompile.models import build_transformer, transformer_inputs
-
-    m = build_transformer(name, device="meta", num_layers=layers).to(dtype)
-    inp = transformer_inputs(name, resolution, frames, device="meta", dtype=dtype)
-    return capture_module(m, **inp, return_dict=False, model=name)[0]
+from conftest import meta_graph
 
 
 @pytest.fixture(scope="module")
 def tiny() -> Graph:
-    return _capture("tiny", "tiny", 9)
+    return meta_graph("tiny", "tiny", 9)
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +37,7 @@ def tight_gb(tiny) -> float:
 
 @pytest.fixture(scope="module")
 def a14b() -> Graph:
-    return _capture("wan2.2-t2v-a14b", "480p", 81, layers=2, dtype=torch.bfloat16)
+    return meta_graph("wan2.2-t2v-a14b", "480p", 81, layers=2, dtype=torch.bfloat16)
 
 
 def _kinds(g: Graph):

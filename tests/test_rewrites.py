@@ -12,6 +12,8 @@ import torch.fx as fx
 from rewrites import PASS_NAMES, RewriteContext, RewriteReport, apply_rewrites
 from rewrites._core import module_path
 
+from conftest import TINY_ALL_REWRITES
+
 TOLERANCE = 1e-6  # max-abs, fp32, eager
 # the decode runs ~30 convs and norms deep: a rewritten norm's rounding reaches 1.01e-6 on some CPUs
 # (measured here for rmsnorm; a wrong rewrite is off by 1e-2 or more)
@@ -114,14 +116,7 @@ def test_all_passes_together_keep_the_dit_output(dit45):
     gm, inputs = dit45
     expected = run(gm, inputs)
     _, reports = apply_rewrites(gm, "all", RewriteContext(sp_multiple=4))
-    assert {r.name: r.count for r in reports} == {
-        "qkv": 4,
-        "rmsnorm": 0,
-        "conv1x1": 0,
-        "patch_embed": 1,
-        "rope": 4,
-        "sp_pad": 2,
-    }
+    assert {r.name: r.count for r in reports} == TINY_ALL_REWRITES
     assert max_abs(run(gm, inputs), expected) <= TOLERANCE
 
 

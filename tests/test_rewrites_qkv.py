@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn as nn
 from expecttest import assert_expected_inline
@@ -129,21 +130,20 @@ def test_packed_weight_is_head_interleaved_so_any_tp_split_of_dim_0_gives_whole_
                 assert torch.equal(per_head[:, i].flatten(0, 1), w[heads])
 
 
-def test_projections_reading_different_inputs_are_left_alone():
-    gm, inputs = projections_graph(same_input=False)
+@pytest.mark.parametrize(
+    "graph,why",
+    [
+        (dict(same_input=False), "attn: to_k and to_v read different inputs (l_y_, l_z_)"),
+        (dict(same_input=True, bias_k=False), "attn: to_q, to_v has a bias but to_k has none"),
+    ],
+    ids=["reading-different-inputs", "disagreeing-on-bias"],
+)
+def test_projections_that_cannot_be_packed_are_left_alone_with_the_reason(graph, why):
+    gm, _ = projections_graph(**graph)
     before = gm.code
     _, (report,) = apply_rewrites(gm, ["qkv"])
     assert report.count == 0
-    assert report.skipped == ("attn: to_k and to_v read different inputs (l_y_, l_z_)",)
-    assert gm.code == before
-
-
-def test_projections_that_disagree_on_bias_are_left_alone():
-    gm, _ = projections_graph(same_input=True, bias_k=False)
-    before = gm.code
-    _, (report,) = apply_rewrites(gm, ["qkv"])
-    assert report.count == 0
-    assert report.skipped == ("attn: to_q, to_v has a bias but to_k has none",)
+    assert report.skipped == (why,)
     assert gm.code == before
 
 

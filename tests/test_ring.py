@@ -17,6 +17,8 @@ from planner.mesh import parse_mesh
 from planner.plan import Plan, PlanError, load_plan, save_plan
 from planner.targets import TARGETS, get_target
 
+from conftest import meta_graph
+
 RING = "ring-test"  # a target like GSPMD that lowers ring attention (no real one does)
 
 
@@ -29,12 +31,7 @@ def ring_target(monkeypatch):
 @pytest.fixture(scope="module")
 def a14b_720p():
     """Full-size Wan 2.2 T2V-A14B at 720p, 81 frames, two blocks captured on the meta device."""
-    from wancompile.capture import capture_module
-    from wancompile.models import build_transformer, transformer_inputs
-
-    m = build_transformer("wan2.2-t2v-a14b", device="meta", num_layers=2).to(torch.bfloat16)
-    inp = transformer_inputs("wan2.2-t2v-a14b", "720p", 81, device="meta", dtype=torch.bfloat16)
-    return capture_module(m, **inp, return_dict=False, model="wan2.2-t2v-a14b")[0]
+    return meta_graph("wan2.2-t2v-a14b", "720p", 81, layers=2, dtype=torch.bfloat16)
 
 
 def _galaxy(graph, target: str) -> Plan:

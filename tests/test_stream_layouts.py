@@ -21,19 +21,12 @@ from planner.placements import Layout
 from planner.propagate import redistribute
 from wancompile.hlo import parse_collectives
 
-
-def _capture(name, resolution, frames, layers=2, dtype=torch.bfloat16):
-    from wancompile.capture import capture_module
-    from wancompile.models import build_transformer, transformer_inputs
-
-    m = build_transformer(name, device="meta", num_layers=layers).to(dtype)
-    inp = transformer_inputs(name, resolution, frames, device="meta", dtype=dtype)
-    return capture_module(m, **inp, return_dict=False, model=name)[0]
+from conftest import meta_graph
 
 
 @pytest.fixture(scope="module")
 def a14b_720p():
-    return _capture("wan2.2-t2v-a14b", "720p", 81)
+    return meta_graph("wan2.2-t2v-a14b", "720p", 81, layers=2, dtype=torch.bfloat16)
 
 
 def test_partial_sums_landing_split_are_one_reduce_scatter_and_whole_an_all_reduce():

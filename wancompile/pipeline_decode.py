@@ -5,17 +5,21 @@ resident DiT weights (`resident_weight_bytes`) and the VAE plan's spatial split 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Optional, Union
+from typing import Optional, Protocol, Union
 
 import torch
-
-if TYPE_CHECKING:
-    from wancompile.pipeline import PipelineCompilation
 
 log = logging.getLogger("wancompile")
 
 
-def _install_decode(pipe, mode: Union[str, int], vae_opts: dict, state: "PipelineCompilation"):
+class _Compiled(Protocol):
+    """What the decode reads of `wancompile.pipeline.PipelineCompilation` (named here, not imported: the
+    pipeline imports this module)."""
+
+    def programs(self) -> list: ...
+
+
+def _install_decode(pipe, mode: Union[str, int], vae_opts: dict, state: _Compiled):
     from wancompile.vae import enable_full_t
 
     vae = pipe.vae
@@ -37,7 +41,7 @@ class _BudgetedDecode:
     (`spatial_split`), so later decodes of that shape take larger chunks (or full-T) where the plan splits
     H/W."""
 
-    def __init__(self, vae, compiled, vae_opts: dict, state: "PipelineCompilation") -> None:
+    def __init__(self, vae, compiled, vae_opts: dict, state: _Compiled) -> None:
         self.vae, self.compiled, self.opts, self.state = vae, compiled, vae_opts, state
         self.t_chunks: dict[tuple, Optional[int]] = {}  # latent shape -> t_chunk chosen
         self.splits: dict[tuple, tuple[int, int]] = {}  # latent shape -> the plan's (H, W) split, once planned
