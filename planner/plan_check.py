@@ -9,7 +9,7 @@ mismatch is a `PlanError` whose message says what differs and how to get a plan 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Optional
+from typing import Any, Mapping, Optional, Protocol
 
 from planner.decision import MAIN_STACK
 from planner.errors import PlanError
@@ -17,11 +17,20 @@ from planner.graph import Graph
 from planner.mesh import MeshError
 from planner.placements import check_spec
 
-if TYPE_CHECKING:
-    from planner.plan import Plan
+
+class Fitted(Protocol):
+    """What the check reads of a `planner.plan.Plan` (which calls it: the plan format depends on the check, not
+    the other way round)."""
+
+    params: Mapping[str, Any]
+    activations: Any
+    layers: Optional[int]
+    mesh: Any
+    model: str
+    geometry: Any
 
 
-def check_fits(plan: Plan, graph: Graph, *, unpadded: Optional[Graph] = None) -> None:
+def check_fits(plan: Fitted, graph: Graph, *, unpadded: Optional[Graph] = None) -> None:
     """Raise PlanError unless the graph has the geometry the plan was made for, the plan names
     exactly the graph's parameters, every spec divides its tensor on this mesh, and every
     activation location exists. A plan that pads heads (`Plan.head_padding`) names ops of the padded
@@ -76,7 +85,7 @@ def check_fits(plan: Plan, graph: Graph, *, unpadded: Optional[Graph] = None) ->
             raise PlanError(str(e)) from None
 
 
-def _check_geometry(plan: Plan, graph: Graph) -> None:
+def _check_geometry(plan: Fitted, graph: Graph) -> None:
     here = model_geometry(graph)
     if not plan.geometry or not here:
         return

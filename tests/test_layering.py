@@ -207,10 +207,6 @@ def test_no_import_circles_among_the_package_modules():
 
 LIMIT = 400  # lines
 
-# The 658-line plan format, split by issue 27's error-type work; this entry goes when that merges (the test
-# below then fails until it does).
-BEING_SPLIT = {"planner/plan.py"}
-
 
 def test_no_module_over_400_lines_without_its_reason():
     unexplained = set()
@@ -220,4 +216,4 @@ def test_no_module_over_400_lines_without_its_reason():
         why = any(paragraph.startswith("Why ") for paragraph in docstring.split("\n\n"))
         if len(text.splitlines()) > LIMIT and not why:
             unexplained.add(str(path.relative_to(ROOT)))
-    assert unexplained == BEING_SPLIT, f"over {LIMIT} lines with no 'Why ...' paragraph in the docstring"
+    assert not unexplained, f"over {LIMIT} lines with no 'Why ...' paragraph in the docstring"
