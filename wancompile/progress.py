@@ -7,7 +7,7 @@ INFO when it ends. Everything goes to stderr; stdout keeps the command's result.
 
 The console handlers write to whatever ``sys.stderr`` is when a record is written, not to the stream
 that was stderr when they were made: a CLI run in-process (the tests) under a capture that later
-closes leaves no handler on a closed stream (`StderrHandler`, `follow_stderr`). `quiet` drops the
+closes leaves no handler on a closed stream (`StderrHandler`, `diffusers_to_stderr`). `quiet` drops the
 records of other libraries that say nothing a user of the CLI can act on, by logger and message.
 """
 
@@ -48,17 +48,19 @@ def setup_logging(verbose: int = 0, stream: Optional[TextIO] = None) -> None:
     log.propagate = False
 
 
-def follow_stderr(*names: str) -> None:
-    """Point the stderr handlers that these libraries' loggers made at import (diffusers makes one on the
-    stream that was stderr then) at the current stderr instead, keeping their format and level."""
-    for name in names:
-        logger = logging.getLogger(name)
-        for i, h in enumerate(logger.handlers):
-            if type(h) is logging.StreamHandler and h.stream in (sys.stderr, sys.__stderr__):
-                new = StderrHandler()
-                new.setFormatter(h.formatter)
-                new.setLevel(h.level)
-                logger.handlers[i] = new
+_DIFFUSERS_CONSOLE: Optional[StderrHandler] = None
+
+
+def diffusers_to_stderr() -> None:
+    """diffusers' console handler, made when diffusers first logs and bound to the stream that was
+    stderr then (its write and its flush), replaced by a `StderrHandler`; its level stays diffusers'."""
+    global _DIFFUSERS_CONSOLE
+    from diffusers.utils import logging as diffusers_logging
+
+    if _DIFFUSERS_CONSOLE is None:
+        _DIFFUSERS_CONSOLE = StderrHandler()
+    diffusers_logging.disable_default_handler()
+    diffusers_logging.add_handler(_DIFFUSERS_CONSOLE)  # once: the same handler object is not added twice
 
 
 class _Drop(logging.Filter):

@@ -191,7 +191,12 @@ def _parser() -> argparse.ArgumentParser:
     count_flag(tt, "--batch", 1, "2: a CFG pair as one forward")
     tt.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto")
     count_flag(tt, "--t-chunk", None, "vae: chunked-T, k frames")
-    tt.add_argument("--out", default=None, help="directory for the programs and IRs (default: a new temp dir)")
+    tt.add_argument(
+        "--out",
+        default=None,
+        help="directory for the programs and IRs (default: tt-check-last in the tt cache, WANCOMPILE_TT_CACHE or "
+        "~/.cache/wancompile/tt, replaced by each run)",
+    )
     tt.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 

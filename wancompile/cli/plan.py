@@ -70,7 +70,7 @@ _NOT_ACTIONABLE = {
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from wancompile.progress import Progress, follow_stderr, quiet
+    from wancompile.progress import Progress, diffusers_to_stderr, quiet
 
     explicit_hardware = args.hardware  # the target follows a named profile, not the mesh's default
 
@@ -89,7 +89,7 @@ def plan_command(args: argparse.Namespace) -> int:
         dtype = getattr(torch, args.dtype)
         num_layers = spec.transformer["num_layers"]
         module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers))
-        follow_stderr("diffusers")  # its handler, made at import, on the stderr of this moment
+        diffusers_to_stderr()  # its handler, made at import, would write to the stderr of that moment
         module = module.to(dtype)
         inputs = transformer_inputs(
             args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch

@@ -62,9 +62,21 @@ def tt_check_command(args: argparse.Namespace) -> int:
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
-    import tempfile
+    """``--out``, else one folder of the tt cache that each run replaces (`default_out`): no run leaves
+    its programs in /tmp."""
+    if args.out:
+        return Path(args.out)
+    import shutil
 
-    return Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="wancompile-tt-check-"))
+    out = default_out()
+    shutil.rmtree(out, ignore_errors=True)
+    return out
+
+
+def default_out() -> Path:
+    from wancompile.tt.env import cache_dir
+
+    return cache_dir() / "tt-check-last"
 
 
 def _full_size(args: argparse.Namespace, mesh) -> int:
