@@ -11,7 +11,10 @@
 ``plan`` works on the meta device (no weights, no accelerator): it captures a 2-block copy of the
 transformer (the planner shares decisions across identical blocks and writes them for all blocks by
 name), solves, and writes the dumps. PLAN arguments take a plan.json or the directory holding it.
-``-v`` logs steps and decisions (``-vv``: debug) under the ``wancompile`` logger on stderr.
+It shows its stages on stderr as it goes and ends with one summary line on stdout: time per forward,
+memory against the budget, and against the tt-xla hand plan (how many times faster; whether it fits).
+``-v`` (before or after the verb) logs steps and decisions (``-vv``: debug) under the ``wancompile``
+logger on stderr. The verbs that read saved plans import neither torch, diffusers nor torch_xla.
 
 The argparse wiring and `main` live here; each verb group in its module: `plan` (wancompile.cli.plan),
 the verbs on saved plans (`plan_files`), `tt-check` (`tt`), shared pieces in `args`.
