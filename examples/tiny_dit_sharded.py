@@ -59,6 +59,7 @@ def main(argv=None) -> int:
 
     from wancompile.backend import last_program
     from wancompile.models import build_transformer, transformer_inputs
+    from wancompile.progress import GSPMD_DEPRECATION, without_stderr_lines
     from wancompile.verify import compare_collectives, numerics
 
     model = build_transformer("tiny")
@@ -68,10 +69,10 @@ def main(argv=None) -> int:
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
-    with torch.no_grad():
+    with torch.no_grad(), without_stderr_lines(GSPMD_DEPRECATION):
         out = compiled(**inputs, return_dict=False)[0]
     program = last_program()
-    with torch.no_grad():
+    with torch.no_grad(), without_stderr_lines(GSPMD_DEPRECATION):
         ref = program.replicated()(*_last_args(program, model, inputs))[0]
         eager = model(**inputs, return_dict=False)[0]
     result = numerics(out, ref)

@@ -329,3 +329,18 @@ def test_plan_shows_its_stages_without_warnings_and_ends_with_the_summary(tiny_d
     )
     assert f"vs the tt-xla hand plan ({h * 1e3:.3f} ms, " in last and f"{h / p:.2f}x faster" in last
     assert last.endswith("the hand plan fits")
+
+
+def test_without_stderr_lines_drops_only_the_named_lines_of_file_descriptor_2():
+    import subprocess
+    import sys
+
+    script = (
+        "import os\nfrom wancompile.progress import without_stderr_lines\n"
+        "with without_stderr_lines('GSPMD sharding propagation is going to be deprecated'):\n"
+        "    os.write(2, b'kept 1\\nW sharding_propagation.cc] GSPMD sharding propagation is going to be deprecated\\n')\n"
+        "    os.write(2, b'kept 2\\n')\n"
+        "os.write(2, b'after\\n')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_user_env())
+    assert proc.returncode == 0 and proc.stderr == "kept 1\nkept 2\nafter\n", proc.stderr

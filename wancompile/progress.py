@@ -14,6 +14,7 @@ records of other libraries that say nothing a user of the CLI can act on, by log
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 import time
@@ -84,6 +85,38 @@ def quiet(records: dict[str, tuple[str, ...]]) -> Iterator[None]:
     finally:
         for logger, f in filters:
             logger.removeFilter(f)
+
+
+# XLA's C++ log line at every GSPMD partitioning (torch_xla 2.9 partitions with GSPMD; a user of
+# torch_xla cannot choose Shardy): one per compiled program, nothing to act on
+GSPMD_DEPRECATION = "GSPMD sharding propagation is going to be deprecated"
+
+
+@contextmanager
+def without_stderr_lines(*needles: str) -> Iterator[None]:
+    """While the block runs, drop the lines written to file descriptor 2 (C++ libraries' logs included)
+    that contain one of `needles`; every other line passes through as it is written."""
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    saved = os.dup(2)
+    os.dup2(write_fd, 2)
+    os.close(write_fd)
+
+    def pump() -> None:
+        with os.fdopen(read_fd, "rb") as lines:
+            for line in lines:
+                if not any(n.encode() in line for n in needles):
+                    os.write(saved, line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # closes the pipe's last write end: the pump reads to its end and stops
+        thread.join()
+        os.close(saved)
 
 
 class Progress:
