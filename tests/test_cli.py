@@ -344,3 +344,14 @@ def test_without_stderr_lines_drops_only_the_named_lines_of_file_descriptor_2():
     )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_user_env())
     assert proc.returncode == 0 and proc.stderr == "kept 1\nkept 2\nafter\n", proc.stderr
+
+
+def test_tt_check_without_out_writes_under_the_tt_cache_not_tmp(tmp_path, monkeypatch):
+    import argparse
+
+    from wancompile.cli.tt import _out_dir
+
+    monkeypatch.setenv("WANCOMPILE_TT_CACHE", str(tmp_path))
+    first, second = (_out_dir(argparse.Namespace(out=None)) for _ in range(2))
+    assert first.parent == second.parent == tmp_path / "tt-check" and first != second and first.is_dir()
+    assert _out_dir(argparse.Namespace(out=str(tmp_path / "mine"))) == tmp_path / "mine"

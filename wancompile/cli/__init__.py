@@ -197,8 +197,8 @@ def _parser() -> argparse.ArgumentParser:
     tt.add_argument(
         "--out",
         default=None,
-        help="directory for the programs and IRs (default: tt-check-last in the tt cache, WANCOMPILE_TT_CACHE or "
-        "~/.cache/wancompile/tt, replaced by each run)",
+        help="directory for the programs and IRs (default: a new run-* folder under tt-check/ in the tt cache, "
+        "WANCOMPILE_TT_CACHE or ~/.cache/wancompile/tt; printed)",
     )
     tt.add_argument("--json", action="store_true", help="print one JSON object")
     return p
