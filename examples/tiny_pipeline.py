@@ -7,8 +7,10 @@ Builds the pipeline from tiny components the way diffusers' pipeline tests do (n
 prompt embeddings), runs it eagerly in fp32, then `wancompile.compile_pipeline(pipe, mesh=...)` (both
 experts and the full-T VAE decode with backend="wan_autoshard") and runs it again, reporting max-abs and
 PCC of latents and frames against eager, the graphs dynamo compiled (and recompiled on a second call),
-the fold-program runs, and wall times. The tiny model fits every device whole, so the planner keeps its
-weights replicated (``0 sharded``) unless ``--memory-gb`` gives a budget that forces sharding.
+the fold-program runs, and wall times. The tiny model fits every device whole, so its plan shards no
+weight (``0 sharded``): this checks the pipeline's wiring and numerics; ``examples/tiny_dit_sharded.py``
+shows a sharded plan. ``--memory-gb`` passes a budget (0.001: the VAE decodes chunked-T, a third graph;
+a budget small enough to shard the tiny DiT no longer holds the tiny VAE's decode of one latent frame).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def main(argv=None) -> int:
         "--memory-gb",
         type=float,
         default=None,
-        help="per-device budget (default: the profile's DRAM; the tiny model then stays replicated)",
+        help="per-device budget of every component (default: the profile's DRAM)",
     )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
