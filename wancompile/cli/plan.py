@@ -209,11 +209,12 @@ def summary_line(plan: Plan, budget: float, baseline: Plan | PlanError | None) -
     if baseline is None:
         return line + f" (the tt-xla hand plan; it {_fits(p.memory_bytes_per_device, budget)})"
     if isinstance(baseline, PlanError):
-        return line + "; the tt-xla hand plan does not apply (note above)"
+        return line + "; the tt-xla hand plan does not apply here (note above)"
     h = baseline.predicted
+    faster = f"{h.step_seconds / p.step_seconds:.2f}x faster" if p.step_seconds else "no time predicted"
     return (
         line + f"; vs the tt-xla hand plan ({h.step_seconds * 1e3:.3f} ms, {_size(h.memory_bytes_per_device)}): "
-        f"{h.step_seconds / p.step_seconds:.2f}x faster, the hand plan {_fits(h.memory_bytes_per_device, budget)}"
+        f"{faster}, the hand plan {_fits(h.memory_bytes_per_device, budget)}"
     )
 
 
