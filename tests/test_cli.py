@@ -355,3 +355,17 @@ def test_tt_check_without_out_writes_under_the_tt_cache_not_tmp(tmp_path, monkey
     first, second = (_out_dir(argparse.Namespace(out=None)) for _ in range(2))
     assert first.parent == second.parent == tmp_path / "tt-check" and first != second and first.is_dir()
     assert _out_dir(argparse.Namespace(out=str(tmp_path / "mine"))) == tmp_path / "mine"
+
+
+def test_summary_line_says_whether_the_hand_plan_fits_the_same_budget(tiny_dirs):
+    from planner.plan import PlanError, load_plan
+    from wancompile.cli.plan import summary_line
+
+    auto, hand = load_plan(tiny_dirs["auto-2x4"] / "plan.json"), load_plan(tiny_dirs["hand-2x4"] / "plan.json")
+    need = hand.predicted.memory_bytes_per_device
+    assert summary_line(auto, need - 1, hand).endswith("the hand plan does not fit")
+    assert summary_line(auto, need, hand).endswith("the hand plan fits")
+    assert summary_line(hand, need - 1, None).endswith("(the tt-xla hand plan; it does not fit)")
+    assert summary_line(auto, need, PlanError("heads do not divide")).endswith(
+        "; the tt-xla hand plan does not apply here (note above)"
+    )
