@@ -369,3 +369,16 @@ def test_summary_line_says_whether_the_hand_plan_fits_the_same_budget(tiny_dirs)
     assert summary_line(auto, need, PlanError("heads do not divide")).endswith(
         "; the tt-xla hand plan does not apply here (note above)"
     )
+
+
+@pytest.mark.parametrize("model", ["tiny", "wan2.2-t2v-a14b"])
+def test_plan_defaults_to_the_model_s_own_resolution_and_frames(model, tmp_path):
+    from wancompile.cli import _parser
+    from wancompile.cli.plan import _check_plan_args
+    from wancompile.models import get_model
+
+    args = _parser().parse_args(["plan", "--model", model, "--mesh", "2x4", "--out", str(tmp_path)])
+    _check_plan_args(args)  # before the capture: no "unknown resolution '720p' for tiny"
+    spec = get_model(model)
+    assert (args.resolution, args.frames) == (spec.default_resolution, spec.default_frames)
+    assert spec.default_resolution in spec.resolutions
