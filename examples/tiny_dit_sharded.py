@@ -1,20 +1,24 @@
 """Compile a tiny random-weight Wan DiT with backend="wan_autoshard" on virtual CPU devices.
 
     python examples/tiny_dit_sharded.py --mesh 2x4 [--plan FILE|tt-xla] [--hardware NAME] [--memory-gb GB] [--json]
+                                        [--dump-dir DIR]
 
 Arranges as many virtual XLA CPU devices as the mesh has, compiles the unmodified diffusers
 `WanTransformer3DModel` with `torch.compile(..., backend="wan_autoshard")`, runs it, and reports how
 the sharded result compares with the same graph on one XLA device (PCC, max-abs) and which
-collectives the compiled (partitioned) program holds.
+collectives the compiled (partitioned) program holds. Its files (the backend's plan.json, plan.md,
+plan.html and XLA's HLO dumps) go to one folder it prints: ``out/tiny_dit_sharded`` unless ``--dump-dir``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
-import tempfile
 from pathlib import Path
+
+DEFAULT_DUMP = Path("out") / "tiny_dit_sharded"  # relative to where it runs; out/ is git-ignored
 
 
 def main(argv=None) -> int:
@@ -28,7 +32,11 @@ def main(argv=None) -> int:
     )
     p.add_argument("--memory-gb", type=float, default=None, help="per-device memory budget for the planner")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
-    p.add_argument("--dump-dir", default=None, help="where plan.json and the HLO dumps go (default: a temp dir)")
+    p.add_argument(
+        "--dump-dir",
+        default=None,
+        help=f"where plan.json, plan.md, plan.html and the HLO dumps go (default: {DEFAULT_DUMP}, replaced by each run)",
+    )
     p.add_argument("--frames", type=int, default=9, help="video frames (4k+1); 9 -> 3 latent frames, 48 tokens")
     args = p.parse_args(argv)
 
@@ -38,7 +46,9 @@ def main(argv=None) -> int:
         mesh = parse_mesh(args.mesh)
     except MeshError as e:
         p.error(str(e))
-    dump_dir = Path(args.dump_dir or tempfile.mkdtemp(prefix="wancompile-tiny-"))
+    dump_dir = Path(args.dump_dir or DEFAULT_DUMP)
+    if args.dump_dir is None:  # the example's own folder: this run's files only (XLA numbers its dumps on)
+        shutil.rmtree(dump_dir, ignore_errors=True)
 
     from wancompile import runtime
 
@@ -49,6 +59,7 @@ def main(argv=None) -> int:
 
     from wancompile.backend import last_program
     from wancompile.models import build_transformer, transformer_inputs
+    from wancompile.progress import GSPMD_DEPRECATION, without_stderr_lines
     from wancompile.verify import compare_collectives, numerics
 
     model = build_transformer("tiny")
@@ -58,10 +69,10 @@ def main(argv=None) -> int:
         if getattr(args, key) is not None:
             options[key] = getattr(args, key)
     compiled = torch.compile(model, backend="wan_autoshard", options=options, fullgraph=True)
-    with torch.no_grad():
+    with torch.no_grad(), without_stderr_lines(GSPMD_DEPRECATION):
         out = compiled(**inputs, return_dict=False)[0]
     program = last_program()
-    with torch.no_grad():
+    with torch.no_grad(), without_stderr_lines(GSPMD_DEPRECATION):
         ref = program.replicated()(*_last_args(program, model, inputs))[0]
         eager = model(**inputs, return_dict=False)[0]
     result = numerics(out, ref)
@@ -105,6 +116,7 @@ def main(argv=None) -> int:
     print("collectives, predicted by the plan vs in the compiled HLO:")
     for m in matches:
         print("  " + str(m))
+    print(f"plan.json, plan.md, plan.html and the HLO: {dump_dir}/")
     return 0
 
 

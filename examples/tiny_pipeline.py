@@ -1,12 +1,16 @@
 """Run diffusers' real Wan 2.2 two-expert `WanPipeline` (tiny random weights) eagerly and compiled on virtual devices.
 
-    python examples/tiny_pipeline.py --mesh 2x4 [--steps 4] [--cfg-parallel] [--one-expert] [--json]
+    python -m pip install -e ".[pipeline]"   # diffusers' WanPipeline imports transformers (its T5 encoder)
+    python examples/tiny_pipeline.py --mesh 2x4 [--steps 4] [--cfg-parallel] [--one-expert] [--memory-gb GB] [--json]
 
 Builds the pipeline from tiny components the way diffusers' pipeline tests do (no text encoder: random
 prompt embeddings), runs it eagerly in fp32, then `wancompile.compile_pipeline(pipe, mesh=...)` (both
 experts and the full-T VAE decode with backend="wan_autoshard") and runs it again, reporting max-abs and
 PCC of latents and frames against eager, the graphs dynamo compiled (and recompiled on a second call),
-the fold-program runs, and wall times.
+the fold-program runs, and wall times. The tiny model fits every device whole, so its plan shards no
+weight (``0 sharded``): this checks the pipeline's wiring and numerics; ``examples/tiny_dit_sharded.py``
+shows a sharded plan. ``--memory-gb`` passes a budget (0.001: the VAE decodes chunked-T, a third graph;
+a budget small enough to shard the tiny DiT no longer holds the tiny VAE's decode of one latent frame).
 """
 
 from __future__ import annotations
@@ -23,8 +27,18 @@ def main(argv=None) -> int:
     p.add_argument("--cfg-parallel", action="store_true", help="run each step's cond + uncond as one batch-2 forward")
     p.add_argument("--one-expert", action="store_true", help="Wan 2.1 style: one transformer")
     p.add_argument("--hardware", default=None, help="cost-model profile (default: by mesh shape)")
+    p.add_argument(
+        "--memory-gb",
+        type=float,
+        default=None,
+        help="per-device budget of every component (default: the profile's DRAM)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object instead of text")
     args = p.parse_args(argv)
+    import importlib.util
+
+    if importlib.util.find_spec("transformers") is None:
+        p.error('diffusers\' WanPipeline needs transformers: python -m pip install -e ".[pipeline]"')
 
     from planner.mesh import MeshError, parse_mesh
 
@@ -47,6 +61,7 @@ def main(argv=None) -> int:
     import wancompile
     from wancompile.models import build_tiny_pipeline, tiny_pipeline_inputs
     from wancompile.pipeline import compilation
+    from wancompile.progress import GSPMD_DEPRECATION, without_stderr_lines
     from wancompile.verify import numerics
 
     pipe = build_tiny_pipeline(two_experts=not args.one_expert)
@@ -61,11 +76,14 @@ def main(argv=None) -> int:
 
     ref_frames, eager_first_s = run("np")
     ref_latents, eager_s = run("latent")
-    wancompile.compile_pipeline(pipe, mesh=args.mesh, hardware=args.hardware, cfg_parallel=args.cfg_parallel)
+    wancompile.compile_pipeline(
+        pipe, mesh=args.mesh, hardware=args.hardware, memory_gb=args.memory_gb, cfg_parallel=args.cfg_parallel
+    )
     graphs0 = counters["stats"]["unique_graphs"]
-    frames, compiled_first_s = run("np")
-    graphs1 = counters["stats"]["unique_graphs"]
-    latents, compiled_s = run("latent")
+    with without_stderr_lines(GSPMD_DEPRECATION):  # XLA's line per compiled program (docs/usage.md)
+        frames, compiled_first_s = run("np")
+        graphs1 = counters["stats"]["unique_graphs"]
+        latents, compiled_s = run("latent")
     recompiles = counters["stats"]["unique_graphs"] - graphs1
 
     state = compilation(pipe)

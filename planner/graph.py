@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Optional, Union
 
-import sympy
+if TYPE_CHECKING:
+    import sympy
+
 
 # graph.json: 2 added "version", "families" and each node's "family"; "block" is the index within
 # that family (version 1 counted blocks across all stacks in graph order).
@@ -24,7 +26,8 @@ GRAPH_JSON_VERSION = 2
 
 TUPLE_OPS = ("chunk", "split", "unbind", "tensor_split")  # ops whose value is a tuple of tensors
 
-Dim = Union[int, sympy.Expr]
+# sympy is imported where a symbolic dim is handled, not here: reading a plan.json needs none (wancompile explain)
+Dim = Union[int, "sympy.Expr"]
 
 
 @dataclass(frozen=True, order=True)

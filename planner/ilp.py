@@ -55,9 +55,10 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
-from typing import Hashable, Mapping, Optional, Sequence
+from typing import TYPE_CHECKING, Hashable, Mapping, Optional, Sequence
 
-from ortools.sat.python import cp_model
+if TYPE_CHECKING:  # imported by the two solves: reading a plan (wancompile explain, diff) needs no solver
+    from ortools.sat.python import cp_model
 
 from planner.errors import Error
 
@@ -167,6 +168,8 @@ def solve(
     seed: int = 0,
 ) -> SolveResult:
     """Minimize the objective; `forbid` excludes one option of a group, `only` fixes one."""
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
     x = {g.name: [model.NewBoolVar(f"x[{g.name},{o.name}]") for o in g.options] for g in groups}
     by_name = {g.name: g for g in groups}
@@ -231,6 +234,8 @@ def min_memory_kib(groups: Sequence[Group], *, time_limit_s: float = 5.0) -> tup
     the left side of (d) for the returned choice, so ``solve(..., memory_kib=value)`` is feasible
     (not a sum of per-group minima, which no single plan need reach: the activation peak and the
     parameters of different groups cannot all be at their minimum at once)."""
+    from ortools.sat.python import cp_model
+
     model = cp_model.CpModel()
     x = {g.name: [model.NewBoolVar(f"x[{g.name},{o.name}]") for o in g.options] for g in groups}
     add_choice_constraints(model, groups, x)

@@ -33,13 +33,16 @@ refuses a partition spec that cannot split a tensor evenly.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence, Union
+from typing import TYPE_CHECKING, Optional, Sequence, Union
 
-import sympy
+if TYPE_CHECKING:
+    import sympy
+
 
 from planner.mesh import MeshError, MeshSpec, PartitionSpec, entry_axes, spec_axes
 
-Dim = Union[int, sympy.Expr]
+# sympy is imported where a symbolic dim is handled, not here: reading a plan.json needs none (wancompile explain)
+Dim = Union[int, "sympy.Expr"]
 
 
 @dataclass(frozen=True)
@@ -76,6 +79,8 @@ class Guard:
     what: str = ""
 
     def holds(self, values: dict[str, int]) -> bool:
+        import sympy
+
         e = sympy.sympify(self.expr)
         v = e.subs({s: values[s.name] for s in e.free_symbols if s.name in values})
         if not v.is_number:
@@ -92,6 +97,8 @@ def divides(n: int, dim: Dim) -> Union[bool, Guard]:
         return True
     if isinstance(dim, int):
         return dim % n == 0
+    import sympy
+
     expr = sympy.sympify(dim)
     if expr.is_number:
         return int(expr) % n == 0
@@ -219,6 +226,8 @@ def as_number(x: Dim, values: Optional[dict[str, int]] = None) -> float:
     """A float for cost arithmetic; symbolic dims take `values` (the example sizes)."""
     if isinstance(x, (int, float)):
         return float(x)
+    import sympy
+
     expr = sympy.sympify(x)
     if values:
         expr = expr.subs({s: values[s.name] for s in expr.free_symbols if s.name in values})

@@ -208,3 +208,177 @@ def test_full_size_plan_on_galaxy_writes_valid_dumps(model, tmp_path):
     md = (tmp_path / "plan.md").read_text()
     assert "| collectives per block | " in md and "## Why" in md and f"× {rep.num_blocks} blocks = " in md
     HTMLParser().feed((tmp_path / "plan.html").read_text())
+
+
+def _user_env() -> dict:
+    """The environment of a user's shell: none of the XLA settings conftest makes for this process."""
+    import os
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PJRT_DEVICE", "CPU_NUM_DEVICES", "XLA_FLAGS")}
+    return {**env, "PYTHONPATH": str(ROOT)}
+
+
+@pytest.mark.parametrize("verb", ["explain", "diff", "validate", "export"])
+def test_the_verbs_that_read_a_plan_import_no_torch_diffusers_or_torch_xla(verb, tiny_dirs, tmp_path):
+    import subprocess
+    import sys
+
+    plan = str(tiny_dirs["auto-2x4"])
+    argv = {
+        "explain": ["explain", plan, "blocks.0.ffn"],
+        "diff": ["diff", plan, str(tiny_dirs["hand-2x4"])],
+        "validate": ["validate", plan],
+        "export": ["export", plan, "-o", str(tmp_path / "sharding.py")],
+    }[verb]
+    script = (
+        "import sys\nfrom wancompile.cli import main\ncode = main(sys.argv[1:])\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torch_xla', 'diffusers'}), code)"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, env=_user_env())
+    assert proc.stdout.splitlines()[-1] == "[] 0", proc.stdout + proc.stderr
+
+
+def test_the_package_imports_no_torch_and_loads_its_public_names_on_use():
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, wancompile\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torch', 'torch_xla', 'diffusers'}))\n"
+        "print(all(getattr(wancompile, n) is not None for n in wancompile.__all__))\n"
+        "print(issubclass(wancompile.NonFiniteInputError, wancompile.VerificationError))"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_user_env())
+    assert proc.stdout.splitlines() == ["[]", "True", "True"], proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "where, level",
+    [(["-v", "validate"], "INFO"), (["validate", "-v"], "INFO"), (["-v", "validate", "-v"], "DEBUG")],
+)
+def test_v_counts_before_and_after_the_verb(where, level, tiny_dirs):
+    import logging
+
+    assert main([*where, str(tiny_dirs["auto-2x4"])]) == 0
+    assert logging.getLevelName(logging.getLogger("wancompile").level) == level
+
+
+def test_plan_v_on_an_error_prints_that_error_s_traceback_then_the_one_line(tmp_path, capsys):
+    assert main(["plan", *TINY, "--mesh", "2x", "--out", str(tmp_path), "-v"]) == 2
+    err = capsys.readouterr().err
+    assert "NoneType: None" not in err
+    assert err.startswith("Traceback (most recent call last):") and "UsageError: --mesh: " in err
+    assert err.splitlines()[-1].startswith("wancompile plan: error: --mesh: ")
+
+
+def test_validate_names_each_missing_field_once(tiny_dirs, tmp_path, capsys):
+    data = json.loads((tiny_dirs["auto-2x4"] / "plan.json").read_text())
+    del data["solver"]["gap"], data["solver"]["seconds"], data["predicted"]["comm_seconds"]
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+    assert main(["validate", str(tmp_path)]) == 1
+    assert capsys.readouterr().out.splitlines()[1:] == [
+        "  $.solver: missing required fields 'seconds', 'gap'",
+        "  $.predicted: missing required field 'comm_seconds'",
+    ]
+
+
+def test_a_cli_run_leaves_no_console_handler_on_the_stderr_it_ran_under(tmp_path, monkeypatch):
+    """In-process runs under a capture that closes afterwards (pytest's) must leave the loggers they
+    configured writing to the stderr of the moment: diffusers' handler kept the closed one."""
+    import io
+    import logging
+    import sys
+
+    captured = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", captured)
+    assert main(["plan", *TINY, "--mesh", "2x4", "--hand", "tt-xla", "--out", str(tmp_path), "-v"]) == 0
+    monkeypatch.undo()
+    captured.close()
+    now = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", now)
+    logging.getLogger("diffusers.models.modeling_utils").warning("after the run")
+    logging.getLogger("wancompile").warning("after the run")
+    assert now.getvalue().count("after the run") == 2
+
+
+def test_plan_shows_its_stages_without_warnings_and_ends_with_the_summary(tiny_dirs, tmp_path):
+    """As a user runs it: no XLA settings, the tiny model's own resolution and frames (no --resolution,
+    --frames, --hardware), stderr only the stages, stdout ending in one line that sets the plan
+    against the tt-xla hand plan of the same graph, mesh and budget."""
+    import subprocess
+    import sys
+
+    from planner.hardware import get_profile
+    from planner.plan import load_plan
+
+    argv = [sys.executable, "-m", "wancompile.cli", "plan", "--model", "tiny", "--mesh", "2x4", "--out", str(tmp_path)]
+    proc = subprocess.run(argv, capture_output=True, text=True, env=_user_env())
+    assert proc.returncode == 0, proc.stderr
+    stages = proc.stderr.splitlines()
+    assert len(stages) == 4 and all(
+        re.fullmatch(rf"\[{i}/4\] .+ … done in \d+\.\d\d s", s) for i, s in enumerate(stages, 1)
+    )
+    plan, hand = load_plan(tmp_path / "plan.json"), load_plan(tiny_dirs["hand-2x4"] / "plan.json")
+    budget_gb = float(get_profile(plan.hardware).dram_bytes) / 1e9
+    p, h = plan.predicted.step_seconds, hand.predicted.step_seconds
+    last = proc.stdout.splitlines()[-1]
+    assert (
+        last.startswith(f"tiny on 2x4 wh-loudbox: {p * 1e3:.3f} ms per forward, ") and f" of {budget_gb:.2f} GB" in last
+    )
+    assert f"vs the tt-xla hand plan ({h * 1e3:.3f} ms, " in last and f"{h / p:.2f}x faster" in last
+    assert last.endswith("the hand plan fits")
+
+
+def test_without_stderr_lines_drops_only_the_named_lines_of_file_descriptor_2():
+    import subprocess
+    import sys
+
+    script = (
+        "import os\nfrom wancompile.progress import without_stderr_lines\n"
+        "with without_stderr_lines('GSPMD sharding propagation is going to be deprecated'):\n"
+        "    os.write(2, b'kept 1\\nW sharding_propagation.cc] GSPMD sharding propagation is going to be deprecated\\n')\n"
+        "    os.write(2, b'kept 2\\n')\n"
+        "os.write(2, b'after\\n')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=_user_env())
+    assert proc.returncode == 0 and proc.stderr == "kept 1\nkept 2\nafter\n", proc.stderr
+
+
+def test_tt_check_without_out_writes_under_the_tt_cache_not_tmp(tmp_path, monkeypatch):
+    import argparse
+
+    from wancompile.cli.tt import _out_dir
+
+    monkeypatch.setenv("WANCOMPILE_TT_CACHE", str(tmp_path))
+    first, second = (_out_dir(argparse.Namespace(out=None)) for _ in range(2))
+    assert first.parent == second.parent == tmp_path / "tt-check" and first != second and first.is_dir()
+    assert _out_dir(argparse.Namespace(out=str(tmp_path / "mine"))) == tmp_path / "mine"
+
+
+def test_summary_line_says_whether_the_hand_plan_fits_the_same_budget(tiny_dirs):
+    from planner.plan import PlanError, load_plan
+    from wancompile.cli.plan import summary_line
+
+    auto, hand = load_plan(tiny_dirs["auto-2x4"] / "plan.json"), load_plan(tiny_dirs["hand-2x4"] / "plan.json")
+    need = hand.predicted.memory_bytes_per_device
+    assert summary_line(auto, need - 1, hand).endswith("the hand plan does not fit")
+    assert summary_line(auto, need, hand).endswith("the hand plan fits")
+    assert summary_line(hand, need - 1, None).endswith("(the tt-xla hand plan; it does not fit)")
+    assert summary_line(auto, need, PlanError("heads do not divide")).endswith(
+        "; the tt-xla hand plan does not apply here (note above)"
+    )
+
+
+@pytest.mark.parametrize("model", ["tiny", "wan2.2-t2v-a14b"])
+def test_plan_defaults_to_the_model_s_own_resolution_and_frames(model, tmp_path):
+    from wancompile.cli import _parser
+    from wancompile.cli.plan import _check_plan_args
+    from wancompile.models import get_model
+
+    args = _parser().parse_args(["plan", "--model", model, "--mesh", "2x4", "--out", str(tmp_path)])
+    _check_plan_args(args)  # before the capture: no "unknown resolution '720p' for tiny"
+    spec = get_model(model)
+    assert (args.resolution, args.frames) == (spec.default_resolution, spec.default_frames)
+    assert spec.default_resolution in spec.resolutions

@@ -23,6 +23,8 @@ class WanModel:
     text_len: int = 512
     resolutions: dict[str, tuple[int, int]] = field(default_factory=dict)  # name -> (height, width) in pixels
     description: str = ""
+    default_resolution: str = "720p"  # what `wancompile plan` plans without --resolution
+    default_frames: int = 81  # and without --frames
 
     def latent_shape(self, resolution: str, frames: int) -> tuple[int, int, int]:
         """(T, H, W) of the latent for a pixel resolution name and frame count."""
@@ -99,6 +101,8 @@ MODELS: dict[str, WanModel] = {
             text_len=7,
             resolutions={"tiny": (64, 64), "480p": (48, 64)},
             description="random-weight stand-in: 2 blocks, 4 heads x 16",
+            default_resolution="tiny",
+            default_frames=9,
         ),
     ]
 }

@@ -11,7 +11,10 @@
 ``plan`` works on the meta device (no weights, no accelerator): it captures a 2-block copy of the
 transformer (the planner shares decisions across identical blocks and writes them for all blocks by
 name), solves, and writes the dumps. PLAN arguments take a plan.json or the directory holding it.
-``-v`` logs steps and decisions (``-vv``: debug) under the ``wancompile`` logger on stderr.
+It shows its stages on stderr as it goes and ends with one summary line on stdout: time per forward,
+memory against the budget, and against the tt-xla hand plan (how many times faster; whether it fits).
+``-v`` (before or after the verb) logs steps and decisions (``-vv``: debug) under the ``wancompile``
+logger on stderr. The verbs that read saved plans import neither torch, diffusers nor torch_xla.
 
 The argparse wiring and `main` live here; each verb group in its module: `plan` (wancompile.cli.plan),
 the verbs on saved plans (`plan_files`), `tt-check` (`tt`), shared pieces in `args`.
@@ -42,17 +45,35 @@ from wancompile.cli.plan_files import (
 from wancompile.cli.tt import tt_check_command
 
 
-def _parser() -> argparse.ArgumentParser:
-    from rewrites import PASS_NAMES
+class _PlanHelp(argparse.HelpFormatter):
+    """Fills ``{passes}`` in a help text with the rewrite passes' names when help is printed: `rewrites`
+    imports torch.fx, which the verbs that only read a plan never need."""
 
+    def _get_help_string(self, action):
+        text = super()._get_help_string(action) or ""
+        if "{passes}" in text:
+            from rewrites import PASS_NAMES
+
+            text = text.replace("{passes}", ", ".join(PASS_NAMES))
+        return text
+
+
+_VERBOSE_HELP = "log progress (-v) or debug detail (-vv) to stderr"
+
+
+def _parser() -> argparse.ArgumentParser:
+    # -v counts before the verb and after it (`wancompile -v plan`, `wancompile plan -v`): two dests,
+    # added up in `main`, since a subparser's own default would overwrite the top-level count
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "-v", "--verbose", action="count", default=0, help="log progress (-v) or debug detail (-vv) to stderr"
-    )
-    p = _Parser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools", parents=[common])
+    common.add_argument("-v", "--verbose", dest="verbose_after", action="count", default=0, help=_VERBOSE_HELP)
+    p = _Parser(prog="wancompile", description="Wan 2.2 auto-sharding compiler tools")
+    p.add_argument("-v", "--verbose", action="count", default=0, help=_VERBOSE_HELP)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     plan = sub.add_parser(
-        "plan", parents=[common], help="plan a model's sharding on the meta device; write plan.json, plan.md, plan.html"
+        "plan",
+        parents=[common],
+        formatter_class=_PlanHelp,
+        help="plan a model's sharding on the meta device; write plan.json, plan.md, plan.html",
     )
     plan.add_argument("--model", required=True, help="wan2.2-t2v-a14b | wan2.2-i2v-a14b | wan2.2-ti2v-5b | tiny")
     plan.add_argument("--component", default="transformer", choices=["transformer"])
@@ -62,8 +83,8 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="hardware profile (planner.hardware.PROFILES); default: the system with this mesh shape",
     )
-    plan.add_argument("--resolution", default="720p")
-    count_flag(plan, "--frames", 81, "video frames, 4k+1 (81)")
+    plan.add_argument("--resolution", default=None, help="a resolution of the model (default: 720p; tiny: tiny)")
+    count_flag(plan, "--frames", None, "video frames, 4k+1 (default: 81; tiny: 9)")
     plan.add_argument("--out", required=True, help="directory for plan.json, plan.md, plan.html")
     number_flag(plan, "--memory-gb", None, "per-device budget (default: the profile's DRAM)")
     count_flag(plan, "--experts", None, "weight sets resident per device (default 2 for A14B, else 1)")
@@ -87,7 +108,7 @@ def _parser() -> argparse.ArgumentParser:
         "--rewrites",
         default="none",
         help="graph rewrites to run before planning, as the backend's `rewrites` option: 'all', 'none' "
-        f"(default) or a comma-separated list of {', '.join(PASS_NAMES)}",
+        "(default) or a comma-separated list of {passes}",
     )
     plan.add_argument(
         "--preset",
@@ -173,7 +194,12 @@ def _parser() -> argparse.ArgumentParser:
     count_flag(tt, "--batch", 1, "2: a CFG pair as one forward")
     tt.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto")
     count_flag(tt, "--t-chunk", None, "vae: chunked-T, k frames")
-    tt.add_argument("--out", default=None, help="directory for the programs and IRs (default: a new temp dir)")
+    tt.add_argument(
+        "--out",
+        default=None,
+        help="directory for the programs and IRs (default: a new run-* folder under tt-check/ in the tt cache, "
+        "WANCOMPILE_TT_CACHE or ~/.cache/wancompile/tt; printed)",
+    )
     tt.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -189,37 +215,47 @@ COMMANDS = {
 }
 
 
+def _user_error_types() -> tuple[type[BaseException], ...]:
+    """The errors that are the user's input at fault. `OptionsError`'s module imports torch: it is in the
+    tuple once that module is loaded (nothing can raise it before), so the read verbs never import it."""
+    from planner.mesh import MeshError
+    from planner.plan import PlanError
+    from wancompile.report.schema import SchemaError
+
+    options = sys.modules.get("wancompile.options")
+    return (PlanError, MeshError, SchemaError) + ((options.OptionsError,) if options else ())
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one verb. Bad input ends in one line on stderr, ``wancompile VERB: ...``, and exit 2
     (a file that cannot be written: exit 1); a traceback only with ``-v``."""
-    from planner.mesh import MeshError
-    from planner.plan import PlanError
-    from wancompile.options import OptionsError
     from wancompile.progress import setup_logging
-    from wancompile.report.schema import SchemaError
 
     args = _parser().parse_args(argv)
+    args.verbose += args.verbose_after  # `wancompile -v plan` and `wancompile plan -v` alike
     setup_logging(args.verbose)
     prog = f"wancompile {args.command}"
     try:
         return COMMANDS[args.command](args)
-    except UsageError as e:
-        code, line = USAGE_EXIT, f"{prog}: error: {e}"
-    except (PlanError, MeshError, OptionsError, SchemaError) as e:
-        code, line = USAGE_EXIT, f"{prog}: {e}"
-    except OSError as e:
-        where = f" {e.filename}" if e.filename else ""
-        code, line = FAILURE_EXIT, f"{prog}: cannot write{where}: {e.strerror or e}"
     except KeyboardInterrupt:
         return 130
-    except Exception as e:  # a bug, not a user mistake: still one line (the traceback with -v)
+    except Exception as e:
+        error = e
+    if isinstance(error, UsageError):
+        code, line = USAGE_EXIT, f"{prog}: error: {error}"
+    elif isinstance(error, _user_error_types()):
+        code, line = USAGE_EXIT, f"{prog}: {error}"
+    elif isinstance(error, OSError):
+        where = f" {error.filename}" if error.filename else ""
+        code, line = FAILURE_EXIT, f"{prog}: cannot write{where}: {error.strerror or error}"
+    else:  # a bug, not a user mistake: still one line (the traceback with -v)
         code, line = (
             FAILURE_EXIT,
-            f"{prog}: internal error: {type(e).__name__}: {e} (run with -v for the traceback, and report it)",
+            f"{prog}: internal error: {type(error).__name__}: {error} (run with -v for the traceback, and report it)",
         )
     if args.verbose:
         import traceback
 
-        traceback.print_exc()
+        traceback.print_exception(error)  # the error's own traceback (print_exc here has none: `NoneType: None`)
     print(line, file=sys.stderr)
     return code

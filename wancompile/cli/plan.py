@@ -9,6 +9,7 @@ import math
 import sys
 from pathlib import Path
 
+from planner.plan import Plan, PlanError
 from wancompile.cli.args import UsageError, check_out_dir, check_video
 
 log = logging.getLogger("wancompile")
@@ -24,6 +25,8 @@ def _check_plan_args(args: argparse.Namespace):
         spec = get_model(args.model)
     except ValueError as e:
         raise UsageError(f"--model: {e}") from None
+    args.resolution = args.resolution or spec.default_resolution
+    args.frames = args.frames or spec.default_frames
     check_video(spec, args.resolution, args.frames)
     try:
         mesh = parse_mesh(args.mesh)
@@ -56,14 +59,28 @@ def _check_plan_args(args: argparse.Namespace):
     return spec, mesh
 
 
+# Records of other libraries on `plan`'s path that say nothing its user can act on (logger -> message
+# starts): torch_xla picks the CPU runtime when diffusers imports it (the plan runs on the meta device,
+# no runtime is used), and diffusers says a model built here in bf16 would better be loaded with
+# ``torch_dtype`` (it is never loaded: the meta capture only needs shapes and dtypes).
+_NOT_ACTIONABLE = {
+    "": ("Defaulting to PJRT_DEVICE=",),
+    "diffusers.models.modeling_utils": ("There are modules in ",),
+}
+
+
 def plan_command(args: argparse.Namespace) -> int:
-    from wancompile.progress import Progress
+    from wancompile.progress import Progress, diffusers_to_stderr, quiet
 
     explicit_hardware = args.hardware  # the target follows a named profile, not the mesh's default
 
     spec, mesh = _check_plan_args(args)
-    progress = Progress(3)
-    with progress.step(f"capturing {args.capture_blocks}-block {args.model} {args.component} on meta"):
+    hand = args.hand or (args.preset if args.preset != "auto" else None)  # --hand X: an alias of --preset X
+    progress = Progress(3 if hand else 4)  # an auto plan is compared with the hand plan: one more step
+    with (
+        progress.step(f"capturing {args.capture_blocks}-block {args.model} {args.component} on meta"),
+        quiet(_NOT_ACTIONABLE),
+    ):
         import torch
 
         from wancompile.capture import capture_module
@@ -71,7 +88,9 @@ def plan_command(args: argparse.Namespace) -> int:
 
         dtype = getattr(torch, args.dtype)
         num_layers = spec.transformer["num_layers"]
-        module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers)).to(dtype)
+        module = build_transformer(args.model, device="meta", num_layers=min(args.capture_blocks, num_layers))
+        diffusers_to_stderr()  # its handler, made at import, would write to the stderr of that moment
+        module = module.to(dtype)
         inputs = transformer_inputs(
             args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch
         )
@@ -83,6 +102,7 @@ def plan_command(args: argparse.Namespace) -> int:
             gm, records = rewrite_graph(gm, mesh, args.rewrites, args.hardware)
             graph = annotate(gm, model=args.model)
     log.info("captured %s", graph.summary())
+    captured = graph
 
     from planner.cfg import plan_dit
     from wancompile.backend import HeadPadder
@@ -90,7 +110,6 @@ def plan_command(args: argparse.Namespace) -> int:
     padder = HeadPadder(gm, graph)  # padded-head options where a split does not divide the heads
 
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
-    hand = args.hand or (args.preset if args.preset != "auto" else None)  # --hand X: an alias of --preset X
     budget = dict(
         model=args.model,
         memory_gb=args.memory_gb,
@@ -122,25 +141,30 @@ def plan_command(args: argparse.Namespace) -> int:
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
 
+    baseline: Plan | PlanError | None = None  # the hand plan on the same graph, whatever its memory
+    if not hand:
+        from planner.hand_plans import tt_xla_plan
+
+        with progress.step("pricing the tt-xla hand plan, for comparison"):
+            try:
+                baseline = tt_xla_plan(captured, mesh, args.hardware, **{**budget, "memory_gb": None})
+            except PlanError as e:  # its preconditions (whole heads, tokens over SP) do not hold here
+                baseline = e
+
     from wancompile.report import write_dumps
 
     with progress.step("writing plan.json, plan.md, plan.html"):
         paths = write_dumps(plan, args.out, graph=graph, hardware=args.hardware, num_blocks=num_layers)
-    p = plan.predicted
-    print(plan.summary())
+
+    print(f"plan for {plan.model} on mesh {plan.mesh} {plan.mesh.axis_names} ({plan.hardware}), target {plan.target}")
     print(
-        f"  tokens per forward: {spec.tokens(args.resolution, args.frames)}; blocks: {num_layers}; weight sets resident: {experts}"
+        f"  parameters: {len(plan.params)} ({len(plan.sharded_params())} sharded); activation constraints: "
+        f"{len(plan.activations)}"
     )
-    if p.step_seconds:
-        print(
-            f"  predicted per forward: {p.step_seconds * 1e3:.1f} ms = compute {p.compute_seconds * 1e3:.1f} ms "
-            f"({100 * p.compute_seconds / p.step_seconds:.0f}%) + comm {p.comm_seconds * 1e3:.1f} ms "
-            f"({100 * p.comm_seconds / p.step_seconds:.0f}%)"
-        )
-    print(f"  memory per device: {p.memory_bytes_per_device / 1e9:.2f} GB")
+    print(f"  solver: {plan.solver.status} in {plan.solver.seconds:.2f} s, gap {plan.solver.gap:.2%}")
     print(
-        f"  solver: {plan.solver.status}, {plan.solver.seconds:.3f} s solving, gap {plan.solver.gap:.2%}; "
-        f"capture {progress.times.get(next(iter(progress.times)), 0):.2f} s"
+        f"  tokens per forward: {spec.tokens(args.resolution, args.frames)}; blocks: {num_layers}; "
+        f"weight sets resident: {experts}"
     )
     if plan.cfg_parallel is not None:
         c = plan.cfg_parallel
@@ -158,6 +182,45 @@ def plan_command(args: argparse.Namespace) -> int:
         print(f"  {d.node}: {d.strategy}" + (f"  (next best: {d.rejected})" if d.rejected else ""))
     for n in plan.notes[2:]:
         print(f"  note: {n}")
+    if isinstance(baseline, PlanError):
+        print(f"  note: the tt-xla hand plan does not apply: {baseline}")
     for kind in ("json", "md", "html"):
         print(f"wrote {paths[kind]}")
+    print(summary_line(plan, budget_bytes(args), baseline))
     return 0
+
+
+def budget_bytes(args: argparse.Namespace) -> float:
+    """The per-device memory budget the plan was made for: ``--memory-gb``, else the profile's DRAM."""
+    from planner.hardware import get_profile
+
+    return args.memory_gb * 1e9 if args.memory_gb is not None else float(get_profile(args.hardware).dram_bytes)
+
+
+def summary_line(plan: Plan, budget: float, baseline: Plan | PlanError | None) -> str:
+    """`plan`'s result in one line, from its typed prediction: time per forward, memory against the
+    budget, and against the hand plan (`baseline`: its plan, why it does not apply, or None when `plan`
+    is the hand plan): how many times faster, and whether the hand plan fits the same budget."""
+    p = plan.predicted
+    line = (
+        f"{plan.model} on {plan.mesh} {plan.hardware}: {p.step_seconds * 1e3:.3f} ms per forward, "
+        f"{_size(p.memory_bytes_per_device)} of {_size(budget)} per device"
+    )
+    if baseline is None:
+        return line + f" (the tt-xla hand plan; it {_fits(p.memory_bytes_per_device, budget)})"
+    if isinstance(baseline, PlanError):
+        return line + "; the tt-xla hand plan does not apply here (note above)"
+    h = baseline.predicted
+    faster = f"{h.step_seconds / p.step_seconds:.2f}x faster" if p.step_seconds else "no time predicted"
+    return (
+        line + f"; vs the tt-xla hand plan ({h.step_seconds * 1e3:.3f} ms, {_size(h.memory_bytes_per_device)}): "
+        f"{faster}, the hand plan {_fits(h.memory_bytes_per_device, budget)}"
+    )
+
+
+def _fits(memory: float, budget: float) -> str:
+    return "fits" if memory <= budget else "does not fit"
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"

@@ -62,9 +62,21 @@ def tt_check_command(args: argparse.Namespace) -> int:
 
 
 def _out_dir(args: argparse.Namespace) -> Path:
+    """``--out``, else a new folder under `default_out` (one per run, so that two runs never share
+    one), which the report prints: no run leaves its programs in /tmp."""
+    if args.out:
+        return Path(args.out)
     import tempfile
 
-    return Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="wancompile-tt-check-"))
+    default_out().mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix="run-", dir=default_out()))
+
+
+def default_out() -> Path:
+    """Where tt-check's runs without ``--out`` go: ``tt-check`` in the tt cache (`wancompile.tt.env`)."""
+    from wancompile.tt.env import cache_dir
+
+    return cache_dir() / "tt-check"
 
 
 def _full_size(args: argparse.Namespace, mesh) -> int:

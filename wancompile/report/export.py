@@ -37,11 +37,12 @@ builds it.
 
 from __future__ import annotations
 
-import inspect
+import ast
+import importlib.util
 from collections import defaultdict
+from pathlib import Path
 
 from planner.plan import MAIN_STACK, Plan, PlanError
-from wancompile.legalize import layer_norm_decomposed
 from wancompile.report.model import Report
 
 _TEMPLATE = '''"""Sharding plan for {model} on mesh {mesh} {axes}, exported from {source} by `wancompile export`.
@@ -331,9 +332,20 @@ def export_python(rep: Report) -> str:
         constraints="".join(constraints),
         input_constraints="".join(input_constraints),
         # the backend's own legalization, copied so the exported module needs no wancompile
-        layer_norm_source=inspect.getsource(layer_norm_decomposed).rstrip(),
+        layer_norm_source=_function_source("wancompile.legalize", "layer_norm_decomposed"),
     )
 
 
 def _param_order(name: str):
     return [int(p) if p.isdigit() else p for p in name.split(".")]
+
+
+def _function_source(module: str, name: str) -> str:
+    """The source of top-level function `name` in `module`, read from its file without importing it
+    (`wancompile.legalize` imports torch; ``wancompile export`` only reads a plan)."""
+    path = Path(importlib.util.find_spec(module).origin)
+    text = path.read_text()
+    for node in ast.parse(text).body:
+        if isinstance(node, ast.FunctionDef) and node.name == name:
+            return ast.get_source_segment(text, node)
+    raise LookupError(f"no function {name} in {path}")

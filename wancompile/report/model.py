@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from planner.cfg import plan_profile
 from planner.hardware import HardwareProfile, get_profile
 from planner.mesh import entry_axes
 from planner.placements import Layout
@@ -124,6 +123,8 @@ class Report:
         if self._hw is None:
             name = self.plan.hardware or (self.trace or {}).get("hardware", "")
             try:
+                from planner.cfg import plan_profile  # the solver's module: imported when a view prices
+
                 self._hw = plan_profile(self.plan, get_profile(name)) if name else None
             except ValueError:
                 self._hw = None
