@@ -26,6 +26,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from planner.errors import Error
 from wancompile.cli.args import (
     FAILURE_EXIT,
     USAGE_EXIT,
@@ -215,17 +216,6 @@ COMMANDS = {
 }
 
 
-def _user_error_types() -> tuple[type[BaseException], ...]:
-    """The errors that are the user's input at fault. `OptionsError`'s module imports torch: it is in the
-    tuple once that module is loaded (nothing can raise it before), so the read verbs never import it."""
-    from planner.mesh import MeshError
-    from planner.plan import PlanError
-    from wancompile.report.schema import SchemaError
-
-    options = sys.modules.get("wancompile.options")
-    return (PlanError, MeshError, SchemaError) + ((options.OptionsError,) if options else ())
-
-
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run one verb. Bad input ends in one line on stderr, ``wancompile VERB: ...``, and exit 2
     (a file that cannot be written: exit 1); a traceback only with ``-v``."""
@@ -243,7 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         error = e
     if isinstance(error, UsageError):
         code, line = USAGE_EXIT, f"{prog}: error: {error}"
-    elif isinstance(error, _user_error_types()):
+    elif isinstance(error, Error):  # every error the project raises says what to do (docs/errors.md)
         code, line = USAGE_EXIT, f"{prog}: {error}"
     elif isinstance(error, OSError):
         where = f" {error.filename}" if error.filename else ""
