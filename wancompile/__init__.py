@@ -29,6 +29,7 @@ if not _runtime.enable_spmd_early():
 
 from planner.errors import Error, InfeasiblePlanError, MemoryBudgetError, PlanError, SolverTimeout
 from planner.mesh import MeshError
+
 # public names whose modules import torch: name -> module, imported on first access (PEP 562)
 _LAZY = {
     "OptionsError": "wancompile.options",
