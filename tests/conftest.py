@@ -59,10 +59,21 @@ HEAVY = (
 )
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--long-tail",
+        action="store_true",
+        help="also run the tests marked long_tail (the GSPMD fuzz's whole draw: ~5 min on 2 cores; not in CI)",
+    )
+
+
 def pytest_collection_modifyitems(config, items):
+    skip = pytest.mark.skip(reason="the fuzz's long tail runs with --long-tail (CI runs the fixed subset)")
     for item in items:
         if item.nodeid.startswith(HEAVY):
             item.add_marker(pytest.mark.slow)
+        if "long_tail" in item.keywords and not config.getoption("--long-tail"):
+            item.add_marker(skip)
 
 
 _LOGGER = __import__("logging").getLogger("wancompile")
