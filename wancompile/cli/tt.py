@@ -115,20 +115,12 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
     common = dict(
         resolution=args.resolution, frames=args.frames or 81, hardware=args.hardware, memory_gb=args.memory_gb
     )
+    what = (args.model, mesh, args.system, out)
     try:
         if vae:
-            report = check_full_size_vae(args.model, mesh, args.system, out, **common)
+            report = check_full_size_vae(*what, **common)
         else:
-            report = check_full_size(
-                args.model,
-                mesh,
-                args.system,
-                out,
-                blocks=args.blocks,
-                dtype=args.dtype,
-                weight_sets=args.experts,
-                **common,
-            )
+            report = check_full_size(*what, blocks=args.blocks, dtype=args.dtype, weight_sets=args.experts, **common)
     except TtUnavailable as e:
         raise UsageError(str(e)) from None
     _record_memory(out / "plan.json", report.checks)
