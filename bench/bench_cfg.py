@@ -64,14 +64,14 @@ def main() -> None:
             for experts in (2, 1):
                 two_s = None
                 try:
-                    single = plan_graph(g1, mesh, hw, num_blocks=40, weight_copies=experts)
+                    single = plan_graph(g1, mesh, hw, num_blocks=40, weight_sets=experts)
                     two_s = 2 * single.predicted.step_seconds
                     two = f"{two_s * 1e3:.0f}"
                 except PlanError:
                     two = "no plan fits"
                 try:
                     plan = plan_dit(
-                        g2, mesh, hw, cfg_parallel="auto", sequential=True, num_blocks=40, weight_copies=experts
+                        g2, mesh, hw, cfg_parallel="auto", cfg_pair_splittable=True, num_blocks=40, weight_sets=experts
                     )
                     options, chosen = plan.cfg_parallel.options, plan.cfg_parallel.chosen
                 except CfgSequential as e:  # two batch-1 forwards won
@@ -81,7 +81,7 @@ def main() -> None:
                 by = {o.name: o for o in options}
                 try:  # cfg between batch and model: priced on request only (planner/cfg.py, not HLO-exact)
                     extra = plan_dit(
-                        g2, mesh, hw, cfg_parallel="on", cfg_axes=("model",), num_blocks=40, weight_copies=experts
+                        g2, mesh, hw, cfg_parallel="on", cfg_axes=("model",), num_blocks=40, weight_sets=experts
                     ).cfg_parallel.options
                 except CfgInfeasible as e:
                     extra = e.options

@@ -23,7 +23,6 @@ from planner.plan import (
 from planner.propagate import Evaluation
 from planner.ring import RingPrice, ring_evaluation
 from planner.strategies import Strategy, ring_variant
-from planner.targets import get_target
 
 PRESETS = ("auto", "tt-xla")  # `plan_graph`'s presets: the solver decides, or the seed's hand plan
 
@@ -42,7 +41,7 @@ class DitProblem:
             if not self.sequence_parallel:
                 opts = [s for s in opts if not s.sigma and not s.stream[0]]
             rings = self._ring_options(m, opts)
-            if get_target(self.target_name).ring_attention:
+            if self.spec.ring_attention:
                 opts = opts + [r for r, _ in rings]
             if m.name in self.only:  # none kept: `engine.check_options` says so
                 pattern = self.only[m.name]
@@ -96,7 +95,7 @@ class DitProblem:
     def _price_rings(self, m: Macro, rings, offered: list[Strategy], evals: dict, first: str) -> list["_RingOption"]:
         """Every ring option of `m` priced (`planner.ring`) from its K/V-gather option's evaluation, offered
         to the solver (in `offered`) or not (then why not); kept for the decisions (`_ring_decision`)."""
-        target = get_target(self.target_name)
+        target = self.spec
         names = {s.name for s in offered}
         out = []
         for r, gather in rings:

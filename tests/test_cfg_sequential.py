@@ -38,7 +38,7 @@ def _decide(graph, mesh, hw, **kwargs):
     """The CFG record of an ``auto`` plan where the caller can run two forwards, and the plan (None when
     two batch-1 forwards won: `CfgSequential`)."""
     try:
-        plan = plan_dit(graph, parse_mesh(mesh), hw, cfg_parallel="auto", sequential=True, **kwargs)
+        plan = plan_dit(graph, parse_mesh(mesh), hw, cfg_parallel="auto", cfg_pair_splittable=True, **kwargs)
     except CfgSequential as e:
         return e.record, None
     return plan.cfg_parallel, plan
@@ -81,7 +81,7 @@ def test_where_no_batch2_plan_fits_auto_runs_two_forwards(pair_graph, tiny_captu
     assert one.value.need_gb < two.value.need_gb
     budget = (one.value.need_gb + two.value.need_gb) / 2
     with pytest.raises(CfgSequential, match="two batch-1 forwards") as info:
-        plan_dit(pair_graph, mesh, "wh-loudbox", memory_gb=budget, sequential=True)
+        plan_dit(pair_graph, mesh, "wh-loudbox", memory_gb=budget, cfg_pair_splittable=True)
     c = info.value.record
     assert c.chosen == "sequential" and c.option("sequential").feasible
     assert not c.option("off").feasible and "no plan fits" in c.option("off").reason
@@ -96,7 +96,7 @@ def test_without_a_caller_that_splits_the_pair_sequential_is_priced_not_taken(pa
     # "off" and "on" never take it
     for mode in ("off", "on"):
         assert plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035, cfg_parallel=mode,
-                        sequential=True).cfg_parallel.chosen != "sequential"  # fmt: skip
+                        cfg_pair_splittable=True).cfg_parallel.chosen != "sequential"  # fmt: skip
 
 
 def test_the_unsplit_pair_keeps_sequence_parallel(pair_graph):
@@ -140,7 +140,7 @@ def a14b_480p():
 def test_full_size_a14b_auto_is_never_slower_than_two_batch1_forwards(a14b_480p, mesh, hw):
     """Both experts resident (the A14B pipeline's budget)."""
     g1, g2 = a14b_480p
-    kwargs = dict(num_blocks=40, weight_copies=2)
+    kwargs = dict(num_blocks=40, weight_sets=2)
     two = 2 * plan_graph(g1, parse_mesh(mesh), hw, **kwargs).predicted.step_seconds
     c, _ = _decide(g2, mesh, hw, **kwargs)
     assert c.option(c.chosen).step_seconds <= two * (1 + TOLERANCE)

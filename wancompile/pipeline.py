@@ -89,7 +89,7 @@ class PipelineCompilation:
     def programs(self) -> list:
         """The DiT `ShardedProgram`s the backend compiled since `compile_pipeline` (newest last): this
         pipeline's transformers', unless other modules were compiled in between."""
-        from wancompile.backend import Component, recent_programs
+        from wancompile.programs import Component, recent_programs
 
         return [p for p in recent_programs(Component.DIT) if not any(p is q for q in self.before)]
 
@@ -161,7 +161,7 @@ def compile_pipeline(
     from wancompile.options import Options
 
     Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
-    from wancompile.backend import recent_programs
+    from wancompile.programs import recent_programs
 
     state = PipelineCompilation(
         options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off", before=recent_programs()

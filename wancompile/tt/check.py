@@ -291,7 +291,7 @@ def check_model(
     for old in [*out_dir.glob("*.mlirbc"), *out_dir.glob("*.tt.mlir")]:  # a reused --out: this call's programs only
         old.unlink()
     runtime.configure(num_devices=mesh.size, dump_dir=out_dir / "hlo")
-    from wancompile.backend import recent_programs
+    from wancompile.programs import recent_programs
     from wancompile.verify import numerics
 
     options = {"mesh": str(mesh), "target": "tt-mlir", "dump_dir": str(out_dir), "rewrites": rewrites}
