@@ -21,7 +21,7 @@ Options for a graph of batch B = 2·k on a mesh (a, b) with axes ("batch", "mode
   or collective on it — so each device holds one branch's batch-1 shapes on the user's mesh; step time x2.
   The caller must run it: a batch-2 forward is one program, so this option is chosen only where the caller
   says it can split the pair (``cfg_pair_splittable=True``: compile_pipeline's CFG wrapper under ``auto``, which then
-  runs cond and uncond as two forwards); `plan_dit` then raises `CfgSequential` carrying the record.
+  runs cond and uncond as two forwards); `plan_dit` then returns a plan that decides it (`runs_as_two_forwards`).
   Elsewhere it is priced and recorded, with the reason it was not taken.
 
 Which axis is halved by default: the major-most axis of size > 1 (2x4 and 8x4: ``batch``; 1x8:
@@ -74,13 +74,35 @@ class CfgInfeasible(PlanError):
 
 
 class CfgSequential(PlanError):
-    """``auto`` chose two batch-1 forwards (``sequential``) over any batch-2 plan: the caller runs cond and
-    uncond as two forwards. ``record`` is the decision (every option priced); ``options`` as `CfgInfeasible`."""
+    """The backend's answer to a caller that can split the CFG pair (``cfg_pair_splittable``) when the plan for
+    its batch-2 forward decides ``sequential`` (`runs_as_two_forwards`): a batch-2 program cannot run as two
+    forwards, so the caller runs cond and uncond as two (compile_pipeline's CFG wrapper catches it by type).
+    ``plan`` is the plan with that decision, ``record`` its `CfgParallel`; ``options`` as `CfgInfeasible`."""
 
-    def __init__(self, message: str, record: CfgParallel) -> None:
+    def __init__(self, message: str, plan: Plan) -> None:
         super().__init__(message)
-        self.record = record
-        self.options = record.options
+        self.plan = plan
+        self.record = plan.cfg_parallel
+        self.options = self.record.options
+
+    @classmethod
+    def of(cls, plan: Plan) -> "CfgSequential":
+        """The error for `plan`, which decides ``sequential``, saying why (its record's step times)."""
+        c = plan.cfg_parallel
+        best = c.option(c.chosen)
+        rest = ", ".join(f"{o.name} {o.step_seconds * 1e3:.6g} ms" for o in c.options if o.feasible and o is not best)
+        return cls(
+            f"cfg_parallel=auto: two batch-1 forwards on mesh {c.base_mesh} are the cheapest way to run the CFG pair "
+            f"({best.step_seconds * 1e3:.6g} ms per step; {rest or 'no batch-2 plan fits'}): run cond and uncond as "
+            "two forwards, or pass cfg_parallel='off' / 'on' to batch the pair anyway",
+            plan,
+        )
+
+
+def runs_as_two_forwards(plan: Plan) -> bool:
+    """Whether `plan` decides ``sequential``: its caller runs the CFG pair as two batch-1 forwards (the plan is the
+    batch-1 forward's, priced on `sequential_mesh`); no batch-2 program is compiled for it."""
+    return plan.cfg_parallel is not None and plan.cfg_parallel.chosen == SEQUENTIAL
 
 
 def normalize_mode(value: Union[str, bool, None]) -> str:
@@ -181,7 +203,8 @@ def plan_request(graph: Graph, request: PlanRequest) -> Plan:
     module docstring); among several, the cost picks. A split mesh the target cannot compile
     (`planner.targets.Target.max_mesh_axes`) is an infeasible option, with its reason.
     ``request.cfg_pair_splittable``: the caller can run the pair as two batch-1 forwards, so ``auto`` may
-    choose that (then `CfgSequential` is raised); without it the option is priced and recorded, not chosen.
+    choose that: the plan returned then decides ``sequential`` (`runs_as_two_forwards`: its record's ``chosen``;
+    the batch-1 plan on `sequential_mesh`); without it the option is priced and recorded, not chosen.
 
     A graph whose batch is not even has no CFG pair to split: ``auto``/``off`` plan it as usual (no
     record), ``on`` raises. ``on`` on a mesh with no even axis, or where no split plan fits memory,
@@ -232,14 +255,6 @@ def plan_request(graph: Graph, request: PlanRequest) -> Plan:
         raise CfgInfeasible(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"), tuple(options))
     best = min(allowed, key=lambda o: (o.step_seconds, o.name == SEQUENTIAL, o.split_axis is not None))
     record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
-    if best.name == SEQUENTIAL:
-        rest = ", ".join(f"{o.name} {o.step_seconds * 1e3:.6g} ms" for o in options if o.feasible and o is not best)
-        raise CfgSequential(
-            f"cfg_parallel=auto: two batch-1 forwards on mesh {mesh} are the cheapest way to run the CFG pair "
-            f"({best.step_seconds * 1e3:.6g} ms per step; {rest or 'no batch-2 plan fits'}): run cond and uncond as "
-            "two forwards, or pass cfg_parallel='off' / 'on' to batch the pair anyway",
-            record,
-        )
     plan = plans[best.name]
     return plan.with_(
         cfg_parallel=record,
@@ -307,6 +322,11 @@ def _decision(record: CfgParallel, best: CfgOption) -> Decision:
 
 
 def _note(record: CfgParallel, best: CfgOption) -> str:
+    if best.name == SEQUENTIAL:
+        return (
+            f"CFG sequential: the batch-{record.batch} pair runs as two batch-{record.batch // 2} forwards on the "
+            f"whole mesh {record.base_mesh}, one after the other (the caller runs them)"
+        )
     if best.split_axis is None:
         return f"CFG parallel off: the batch-{record.batch} forward runs on the whole mesh {record.base_mesh}"
     return (

@@ -2,7 +2,7 @@
 
 `DitFamily` is built once from a `planner.request.PlanRequest` (immutable after construction). This module owns its construction, its variants (another mesh, the graph with some
 attentions' heads padded) and each macro's strategies under the family's options; the rest is one
-module per job, each a mixin reading the state set here:
+module per job, each a part reading the state set here and declared in `planner.dit_state.DitState`:
 
 - `planner.dit_pricing`: what an option and a stream edge cost;
 - `planner.dit_problem`: the ILP problem, the ring options, the presets and the hint;
@@ -61,7 +61,7 @@ class DitFamily(DitPricing, DitProblem, DitAdvice, DitExplain, DitAssembly, DitP
         self._ends: dict = {}  # (stream key, priced) -> `ends(key)`, computed once
         self.spec = r.target  # the target (planner.targets): what its partitioner lowers
         # None: GSPMD, whose reshards the rules' events are in; else the target the options are priced for
-        self.target = None if r.gspmd else r.target
+        self.target = None if r.target.modelled_by_rules else r.target
         self.pad_heads = r.pad_heads
         self.fsdp_blocks = dict(r.fsdp_blocks or {})
         self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if r.pad_heads is not None else {}

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from planner import engine, pricing
 from planner.cost_model import to_ns
+from planner.dit_state import DitState
 from planner.ilp import Group, Option
 from planner.macros import Macro, restrict
 from planner.plan import (
@@ -27,7 +28,7 @@ from planner.strategies import Strategy, ring_variant
 PRESETS = ("auto", "tt-xla")  # `plan_graph`'s presets: the solver decides, or the seed's hand plan
 
 
-class DitProblem:
+class DitProblem(DitState):
     """The DiT's `engine.Problem` (see the module docstring)."""
 
     def problem(self) -> engine.Problem:

@@ -13,6 +13,7 @@ is one module with its plan function and one `register` call at the bottom of th
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -66,6 +67,10 @@ def is_dit_graph(graph: Graph) -> bool:
 def _plan_vae(graph: Graph, request: PlanRequest) -> Plan:
     from planner.vae_plan import plan_request as plan_vae
 
+    if request.cfg_parallel == "on":
+        logging.getLogger("wancompile").info(
+            "wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it"
+        )
     return plan_vae(graph, request)
 
 

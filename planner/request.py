@@ -83,9 +83,9 @@ class PlanRequest:
         target name is resolved."""
         from planner.cfg import normalize_mode
         from planner.hardware import resolve_hardware
-        from planner.targets import get_target
+        from planner.targets import DEFAULT, get_target
 
-        spec = target if isinstance(target, Target) else get_target(target or "gspmd")
+        spec = target if isinstance(target, Target) else get_target(target or DEFAULT)
         mesh = spec.runs_on(mesh) if on_target_mesh else mesh
         hw = spec.profile(resolve_hardware(hardware, mesh))  # what the target cannot lower, priced out
         if "cfg_parallel" in fields:
@@ -117,8 +117,3 @@ class PlanRequest:
     def budget_bytes(self) -> float:
         """The per-device memory budget: ``memory_gb``, else the profile's DRAM."""
         return self.memory_gb * 1e9 if self.memory_gb is not None else float(self.hw.dram_bytes)
-
-    @property
-    def gspmd(self) -> bool:
-        """Whether the target is XLA's GSPMD, whose reshards the op rules' events are in."""
-        return self.target.name == "gspmd"

@@ -73,6 +73,9 @@ class Target:
     # the 2-D mesh shapes its partitioner accepts (None: any); tt-mlir's fixed list (its SupportedMeshes,
     # include/ttmlir/Dialect/StableHLO/Utils/ShardingUtils.h, tt-mlir #4668): any other is "Mesh is not valid"
     meshes: Optional[frozenset] = None
+    # the op rules (`planner.propagate`) model its partitioner's reshards exactly (GSPMD): the plan's predicted
+    # collectives are its own, with no pins and no separate prediction for the target (`planner.pins`)
+    modelled_by_rules: bool = False
     # with a dump_dir, the backend writes each program's Shardy export for this target's compiler (`wancompile.tt.export`)
     exports_shardy: bool = False
 
@@ -133,6 +136,7 @@ TARGETS = {
         False,
         False,
         True,
+        modelled_by_rules=True,
         no_ring_attention="no ring attention from GSPMD: sharding annotations make it all-gather K/V or all-to-all heads",
     ),
     "tt-mlir": Target(
@@ -155,6 +159,9 @@ TARGETS = {
         ),
     ),
 }
+
+
+DEFAULT = "gspmd"  # the target of a plan made without naming one
 
 
 def get_target(name: str) -> Target:

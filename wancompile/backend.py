@@ -24,6 +24,7 @@ from typing import Any, Callable, Mapping, Optional
 import torch
 import torch.fx as fx
 
+from planner.cfg import CfgSequential, runs_as_two_forwards
 from planner.graph import Graph
 from planner.hardware import default_hardware as default_hardware  # re-exported: the one default rule
 from planner.mesh import MeshSpec
@@ -31,8 +32,6 @@ from planner.plan import InfeasiblePlanError, Plan, PlanError, RewriteRecord, lo
 from planner.request import PlanRequest
 from wancompile import runtime
 from wancompile.capture import annotate
-from wancompile.cfg_context import CFG_PAIR_SPLITTABLE as CFG_PAIR_SPLITTABLE  # re-exported
-from wancompile.cfg_context import cfg_pair_splittable as cfg_pair_splittable
 from wancompile.options import Options
 from wancompile.planning import HeadPadder, plan_for, request_for, solved_plan, symbol_values
 from wancompile.planning import replicated_plan as replicated_plan
@@ -86,7 +85,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     gm, records = rewrite_graph(gm, request, opts.rewrites)
     graph = annotate(gm)
     family = family_of(graph)  # what the graph is: the planner's one dispatcher (planner.families)
-    model = Component(family.name) if family is not None else Component.GRAPH
+    model = Component.of(family.name if family is not None else None)
     if (
         model is Component.VAE
     ):  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
@@ -94,7 +93,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
 
         gm, _ = fold_conv_padding(gm)
         graph = annotate(gm)
-    graph.model = model.value
+    graph.model = str(getattr(model, "value", model))
     padder = HeadPadder(gm, graph)
     request = request.variant(values=symbol_values(gm), pad_heads=padder)
     started = time.perf_counter()
@@ -103,6 +102,8 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     except InfeasiblePlanError as e:
         raise _with_rewrites(e, records) from None
     plan_s = time.perf_counter() - started
+    if runs_as_two_forwards(plan):  # the planner's decision: the caller runs the CFG pair as two forwards
+        raise CfgSequential.of(plan)
     unpadded = graph
     gm, graph = padder.graphs(plan.head_padding)  # the graph the plan names: heads padded where it chose
     if saved is not None:
@@ -114,7 +115,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         _check_retarget(graph, plan, saved.target, request, opts.plan)
     _refuse_ring_attention(plan, request)
     plan.check(graph, unpadded=unpadded)
-    if not request.gspmd:
+    if not request.target.modelled_by_rules:  # its own prediction of the collectives (planner.pins)
         from planner.pins import target_collectives
 
         plan = plan.with_(target_collectives=target_collectives(graph, plan, request))

@@ -50,9 +50,10 @@ class ShardedProgram:
     (`wancompile.fold`): computed on the device once per parameter version, then read by the main
     program as extra inputs. ``fold=False`` keeps them in-graph (the backend's ``fold_parameters`` option).
 
-    ``kind`` is what the backend captured (``"wan-dit"``, ``"wan-vae"``, ``"graph"``: `wancompile.backend.
-    Component`), for callers that look for one component among the programs compiled. ``target``: the
-    partitioner the program is for (its request's, `planner.request.PlanRequest`); None: the plan's.
+    ``kind`` is what the backend captured (``"wan-dit"``, ``"wan-vae"``, ``"graph"``: `wancompile.programs.
+    Component`, or the name of a planner family registered since: `planner.families`), for callers that look
+    for one component among the programs compiled. ``target``: the partitioner the program is for (its
+    request's, `planner.request.PlanRequest`); None: the plan's.
     ``stablehlo_sink`` is called as sink(program, output tensors) when the main ("main") or fold ("fold")
     program traces, before XLA compiles it: `wancompile.tt.export.ShardyExport` writes it for tt-mlir."""
 

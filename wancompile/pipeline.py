@@ -172,6 +172,8 @@ def compile_pipeline(
     dit_opts = dict(opts, weight_sets=opts.get("weight_sets", len(names)))
     if cfg_mode != "off":
         dit_opts["cfg_parallel"] = cfg_mode  # the batch-2 graph's split, costed by planner.cfg
+    if cfg_mode == "auto":  # `CFGBatched` can run the pair as two forwards: the planner may decide that
+        dit_opts["cfg_pair_splittable"] = True
     if dump is not None:  # the backend's dumps (plan, HLO) of the DiT graph(s); `_ExpertDumps` adds one per expert
         dit_opts["dump_dir"] = str(dump / names[0] if names else dump / TRANSFORMERS[0])
         state.dumps = _ExpertDumps(dump, state)
@@ -180,7 +182,7 @@ def compile_pipeline(
         _capture_negative_prompt(pipe, state.cfg)
     # the calls `CFGBatched` does not batch (a pipeline passing more inputs, e.g. SkyReels-V2's diffusion
     # forcing, or one without cache contexts, e.g. ChronoEdit) are no CFG pair: planned without cfg_parallel
-    plain_opts = {k: v for k, v in dit_opts.items() if k != "cfg_parallel"}
+    plain_opts = {k: v for k, v in dit_opts.items() if k not in ("cfg_parallel", "cfg_pair_splittable")}
     for name in names:
         module = getattr(pipe, name)
         state.originals[name] = module

@@ -19,7 +19,6 @@ from planner.mesh import MeshSpec
 from planner.plan import Plan, PlanError, replicated_params
 from planner.request import PlanRequest
 from wancompile.capture import annotate
-from wancompile.cfg_context import CFG_PAIR_SPLITTABLE
 from wancompile.options import Options
 
 log = logging.getLogger("wancompile")
@@ -68,7 +67,8 @@ def request_for(
     opts: Options, mesh: MeshSpec, *, target: Optional[str] = None, on_target_mesh: bool = False, **fields: Any
 ) -> PlanRequest:
     """The one request a compile plans under (`planner.request.PlanRequest`), from the backend's options:
-    its hardware, target (`target`, else `Options.resolved_target`), budget, weight sets and CFG mode;
+    its hardware, target (`target`, else `Options.resolved_target`), budget, weight sets, CFG mode and
+    whether the caller can split a CFG pair;
     `fields` add the rest (``values``, ``pad_heads``, ``num_blocks``). `on_target_mesh`: `mesh` as the
     target's partitioner accepts it (`planner.targets.Target.runs_on`)."""
     return PlanRequest.make(
@@ -79,7 +79,7 @@ def request_for(
         memory_gb=opts.memory_gb,
         weight_sets=opts.weight_sets,
         cfg_parallel=opts.cfg_parallel,
-        cfg_pair_splittable=CFG_PAIR_SPLITTABLE.get(),
+        cfg_pair_splittable=opts.cfg_pair_splittable,
         **fields,
     )
 
@@ -157,8 +157,6 @@ def solve(graph: Graph, request: PlanRequest) -> Plan:
     family = family_of(graph)
     if family is None:
         return replicated_plan(graph, request)
-    if family.name == "wan-vae" and request.cfg_parallel == "on":
-        log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
     return family.plan(graph, request)
 
 

@@ -16,6 +16,14 @@ class Component(str, Enum):
     VAE = "wan-vae"  # a Wan VAE decode
     GRAPH = "graph"  # anything else: runs replicated
 
+    @classmethod
+    def of(cls, family: Optional[str]):
+        """The component of a graph of planner family `family` (`planner.families`; None: none recognised it),
+        or the family's name itself for a family registered since (a program's ``kind`` is its model name)."""
+        if family is None:
+            return cls.GRAPH
+        return next((c for c in cls if c.value == family), family)
+
 
 _RECENT: list = []  # newest last
 KEEP = 8
@@ -36,4 +44,4 @@ def last_program():
 
 def recent_programs(kind: Optional[Component] = None) -> list:
     """The programs compiled in this process, oldest first (the last eight); of one `Component` if `kind`."""
-    return [p for p in _RECENT if kind is None or p.kind is kind]
+    return [p for p in _RECENT if kind is None or p.kind == kind]

@@ -43,6 +43,7 @@ from wancompile.cli.tt import tt_check_command
 
 
 def _parser() -> argparse.ArgumentParser:
+    from planner.targets import TARGETS
     from rewrites import PASS_NAMES
 
     common = argparse.ArgumentParser(add_help=False)
@@ -99,7 +100,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--target",
-        choices=["gspmd", "tt-mlir"],
+        choices=list(TARGETS),
         default=None,
         help="the partitioner the plan is for (default: tt-mlir when --hardware names a Tenstorrent profile, "
         "else gspmd); recorded in plan.json",
