@@ -16,7 +16,7 @@ The plans, each compiled (traced and compiled by XLA, not run) on 32 virtual CPU
 (batch, model), in one subprocess that captures the model with dynamo once for all of them:
 
   (a) auto: the plan the planner makes for the FULL-SIZE A14B at 720p, both experts resident
-      (weight_copies=2), 40 blocks, wh-galaxy 8×4 — its strategy per macro, transferred to the ÷16
+      (weight_sets=2), 40 blocks, wh-galaxy 8×4 — its strategy per macro, transferred to the ÷16
       model by re-planning the ÷16 graph with ``only={macro: '^<that strategy>$'}`` and its FSDP
       block ranges with ``fsdp_blocks={macro: k}`` (``only`` then also admits the range's +FSDP option) (same strategies, stream layouts and ranges,
       checked; the op rules re-derive shardings, constraints and bill for the small shapes). A saved plan

@@ -86,9 +86,8 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     graph = annotate(gm)
     family = family_of(graph)  # what the graph is: the planner's one dispatcher (planner.families)
     model = Component.of(family.name if family is not None else None)
-    if (
-        model is Component.VAE
-    ):  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
+    # a VAE decode: its causal convs' H/W zero padding inside the conv, for clean halos (wancompile/vae/legalize.py)
+    if model is Component.VAE:
         from wancompile.vae.legalize import fold_conv_padding
 
         gm, _ = fold_conv_padding(gm)
