@@ -12,7 +12,7 @@ axes: `PlanRequest.variant`) without resolving anything again.
 Fields (the options of the same names, docs/usage.md):
 
 - ``mesh``: the logical mesh (axes of size 1 are ignored); ``target``: the partitioner (`planner.targets`);
-  ``hw``: the hardware profile as ``target`` prices it.
+  ``hw``: the hardware profile as ``target`` prices it (``hardware``: as named, for reports of its own figures).
 - ``memory_gb``: per-device budget (None: the profile's DRAM); ``weight_sets``: weight sets resident per
   device (2 for both A14B experts).
 - ``cfg_parallel``: ``auto`` / ``on`` / ``off`` for a batch-2 DiT graph (`planner.cfg`); ``cfg_axes``: the
@@ -65,6 +65,8 @@ class PlanRequest:
     stream_layouts: bool = True
     batch_axes: tuple[str, ...] = ()
     fsdp_blocks: Optional[Mapping[str, int]] = None
+    # the profile as named, before the target prices anything out (for reports of the hardware's own figures)
+    hardware: Optional[HardwareProfile] = field(default=None, compare=False, repr=False)
 
     @classmethod
     def make(
@@ -87,7 +89,8 @@ class PlanRequest:
 
         spec = target if isinstance(target, Target) else get_target(target or DEFAULT)
         mesh = spec.runs_on(mesh) if on_target_mesh else mesh
-        hw = spec.profile(resolve_hardware(hardware, mesh))  # what the target cannot lower, priced out
+        named = resolve_hardware(hardware, mesh)
+        hw = spec.profile(named)  # what the target cannot lower, priced out
         if "cfg_parallel" in fields:
             fields["cfg_parallel"] = normalize_mode(fields["cfg_parallel"])
         for name in ("values", "only"):
@@ -95,7 +98,7 @@ class PlanRequest:
                 fields[name] = dict(fields[name] or {})
         if "batch_axes" in fields:
             fields["batch_axes"] = tuple(fields["batch_axes"])
-        request = cls(mesh, spec, hw, **fields)
+        request = cls(mesh, spec, hw, hardware=named, **fields)
         if request.weight_sets < 1:
             raise PlanError(
                 f"weight_sets must be at least 1 (weight sets resident per device), got {request.weight_sets}"

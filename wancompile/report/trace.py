@@ -69,7 +69,7 @@ def trace_plan(
     graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *, num_blocks: Optional[int] = None
 ) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
-    hw = PlanRequest.for_plan(plan, hardware).hw  # as the plan's target prices it
+    hw = PlanRequest.for_plan(plan, hardware).hardware  # the profile's own figures
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     graph = dit_graph(graph)  # as the planner read it: stacks that are not transformer blocks, op by op
     st = find_structure(graph)
