@@ -196,7 +196,9 @@ def check_compiled(
                 raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
             modules[sink.names[which]] = path
         plan = program.plan
-        predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
+        predicted[sink.names["main"]] = on_device(
+            plan.predicted_by_partitioner()[plan.target], plan.mesh, plan.user_mesh
+        )
         planned[sink.names["main"]] = (
             planned_bytes(program) if planned_bytes is not None else plan.predicted.memory_bytes_per_device
         )
