@@ -54,6 +54,7 @@ from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.plan import CfgOption, CfgParallel, Decision, Exclusion, MemoryBudgetError, OptionCost, Plan, PlanError
 from planner.request import PlanRequest
+from planner.request import normalize_mode as normalize_mode  # re-exported
 from planner.structure import find_structure
 
 CFG_AXIS = "cfg"
@@ -103,31 +104,6 @@ def runs_as_two_forwards(plan: Plan) -> bool:
     """Whether `plan` decides ``sequential``: its caller runs the CFG pair as two batch-1 forwards (the plan is the
     batch-1 forward's, priced on `sequential_mesh`); no batch-2 program is compiled for it."""
     return plan.cfg_parallel is not None and plan.cfg_parallel.chosen == SEQUENTIAL
-
-
-def normalize_mode(value: Union[str, bool, None]) -> str:
-    """``auto`` / ``on`` / ``off`` from a mode name or a boolean (None = auto)."""
-    if value is None:
-        return "auto"
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    text = str(value).strip().lower()
-    aliases = {
-        "auto": "auto",
-        "on": "on",
-        "true": "on",
-        "1": "on",
-        "yes": "on",
-        "off": "off",
-        "false": "off",
-        "0": "off",
-        "no": "off",
-    }
-    if text not in aliases:
-        raise PlanError(f"cfg_parallel must be auto, on (true) or off (false); got {value!r}")
-    return aliases[text]
 
 
 def batch_size(graph: Graph):

@@ -83,7 +83,6 @@ class PlanRequest:
         `Target`; `fields` as the class's. `on_target_mesh`: plan on the mesh the target's partitioner
         accepts for `mesh` (`Target.runs_on`), as the backend compiles. The one place a hardware name or a
         target name is resolved."""
-        from planner.cfg import normalize_mode
         from planner.hardware import resolve_hardware
         from planner.targets import DEFAULT, get_target
 
@@ -120,3 +119,28 @@ class PlanRequest:
     def budget_bytes(self) -> float:
         """The per-device memory budget: ``memory_gb``, else the profile's DRAM."""
         return self.memory_gb * 1e9 if self.memory_gb is not None else float(self.hw.dram_bytes)
+
+
+def normalize_mode(value: Union[str, bool, None]) -> str:
+    """``auto`` / ``on`` / ``off`` from a mode name or a boolean (None = auto)."""
+    if value is None:
+        return "auto"
+    if value is True:
+        return "on"
+    if value is False:
+        return "off"
+    text = str(value).strip().lower()
+    aliases = {
+        "auto": "auto",
+        "on": "on",
+        "true": "on",
+        "1": "on",
+        "yes": "on",
+        "off": "off",
+        "false": "off",
+        "0": "off",
+        "no": "off",
+    }
+    if text not in aliases:
+        raise PlanError(f"cfg_parallel must be auto, on (true) or off (false); got {value!r}")
+    return aliases[text]
