@@ -9,7 +9,7 @@ halved: one branch per half, the batch-1 plan on the submesh; by default only th
 ``batch``; ``split(model)`` — cfg between the two axes — is priced with ``cfg_axes=("model",)`` and is
 not what GSPMD compiles exactly, see planner/cfg.py) and ``sequential`` (two batch-1 forwards on the whole
 mesh, what WanPipeline runs without CFG batching; offered as compile_pipeline's CFG wrapper offers it,
-``sequential=True``). For reference the table also gives two batch-1 forwards planned on the batch-1
+``cfg_pair_splittable=True``). For reference the table also gives two batch-1 forwards planned on the batch-1
 graph (`plan_graph`, x2). Printed as
 a markdown table: predicted ms per step (compute + comm), GB per device, the option chosen under
 ``auto``, and where an option has no plan, the budget and the smallest budget that plans it (solved).
@@ -46,7 +46,7 @@ def _cell(o, hw) -> str:
 
 def main() -> None:
     from planner import plan_graph
-    from planner.cfg import CfgInfeasible, CfgSequential, plan_dit
+    from planner.cfg import CfgInfeasible, plan_dit
     from planner.hardware import get_profile
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
@@ -64,24 +64,22 @@ def main() -> None:
             for experts in (2, 1):
                 two_s = None
                 try:
-                    single = plan_graph(g1, mesh, hw, num_blocks=40, weight_copies=experts)
+                    single = plan_graph(g1, mesh, hw, num_blocks=40, weight_sets=experts)
                     two_s = 2 * single.predicted.step_seconds
                     two = f"{two_s * 1e3:.0f}"
                 except PlanError:
                     two = "no plan fits"
                 try:
                     plan = plan_dit(
-                        g2, mesh, hw, cfg_parallel="auto", sequential=True, num_blocks=40, weight_copies=experts
+                        g2, mesh, hw, cfg_parallel="auto", cfg_pair_splittable=True, num_blocks=40, weight_sets=experts
                     )
-                    options, chosen = plan.cfg_parallel.options, plan.cfg_parallel.chosen
-                except CfgSequential as e:  # two batch-1 forwards won
-                    options, chosen = e.options, e.record.chosen
+                    options, chosen = plan.cfg_parallel.options, plan.cfg_parallel.chosen  # "sequential" too
                 except CfgInfeasible as e:  # no option fits memory: the row says what each needs
                     options, chosen = e.options, "none fits"
                 by = {o.name: o for o in options}
                 try:  # cfg between batch and model: priced on request only (planner/cfg.py, not HLO-exact)
                     extra = plan_dit(
-                        g2, mesh, hw, cfg_parallel="on", cfg_axes=("model",), num_blocks=40, weight_copies=experts
+                        g2, mesh, hw, cfg_parallel="on", cfg_axes=("model",), num_blocks=40, weight_sets=experts
                     ).cfg_parallel.options
                 except CfgInfeasible as e:
                     extra = e.options

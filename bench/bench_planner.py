@@ -110,7 +110,7 @@ def run(spread: bool = True) -> dict:
                     "experts": experts,
                     "roofline_ms": roof * 1e3,
                 }
-                hand = tt_xla_plan(g, mesh, hw, num_blocks=40, weight_copies=experts).predicted
+                hand = tt_xla_plan(g, mesh, hw, num_blocks=40, weight_sets=experts).predicted
                 row["hand"] = {
                     "ms": hand.step_seconds * 1e3,
                     "comm_ms": hand.comm_seconds * 1e3,
@@ -118,12 +118,12 @@ def run(spread: bool = True) -> dict:
                     "fits": hand.memory_bytes_per_device <= float(hw.dram_bytes),
                 }
                 try:
-                    state_a = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=experts, stream_layouts=False)
+                    state_a = plan_graph(g, mesh, hw, num_blocks=40, weight_sets=experts, stream_layouts=False)
                     row["state_a_ms"] = state_a.predicted.step_seconds * 1e3
                 except PlanError:
                     row["state_a_ms"] = None
                 try:
-                    auto = plan_graph(g, mesh, hw, num_blocks=40, weight_copies=experts)
+                    auto = plan_graph(g, mesh, hw, num_blocks=40, weight_sets=experts)
                 except PlanError as e:
                     row["auto"] = {"error": str(e)}
                     rows.append(row)
@@ -141,7 +141,7 @@ def run(spread: bool = True) -> dict:
                 for f in factor_sets:  # the same comparison under every held-out refit of the factors
                     hw_f = calibrated(hw, f, "leave-one-out refit")
                     try:
-                        a = plan_graph(g, mesh, hw_f, num_blocks=40, weight_copies=experts).predicted.step_seconds
+                        a = plan_graph(g, mesh, hw_f, num_blocks=40, weight_sets=experts).predicted.step_seconds
                     except PlanError:
                         continue
                     h = price_plan(g, hand_plan, hw_f, num_blocks=40, weight_copies=experts).step_seconds
@@ -196,7 +196,7 @@ def timing() -> list[str]:
     t0 = time.perf_counter()
     g = capture("720p")
     t1 = time.perf_counter()
-    plan = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_copies=2)
+    plan = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_sets=2)
     t2 = time.perf_counter()
     lines = [
         "| step (full A14B, 720p, wh-galaxy 8x4) | seconds |",
@@ -210,7 +210,7 @@ def timing() -> list[str]:
         "|---|---|---|---|",
     ]
     for n in (10, 20, 40):
-        p = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=n, weight_copies=2)
+        p = plan_graph(g, parse_mesh("8x4"), "wh-galaxy", num_blocks=n, weight_sets=2)
         lines.append(f"| {n} | {p.solver.seconds:.4f} | {p.solver.variables} | {p.solver.constraints} |")
     return lines
 

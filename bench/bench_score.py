@@ -16,7 +16,7 @@ The plans, each compiled (traced and compiled by XLA, not run) on 32 virtual CPU
 (batch, model), in one subprocess that captures the model with dynamo once for all of them:
 
   (a) auto: the plan the planner makes for the FULL-SIZE A14B at 720p, both experts resident
-      (weight_copies=2), 40 blocks, wh-galaxy 8×4 — its strategy per macro, transferred to the ÷16
+      (weight_sets=2), 40 blocks, wh-galaxy 8×4 — its strategy per macro, transferred to the ÷16
       model by re-planning the ÷16 graph with ``only={macro: '^<that strategy>$'}`` and its FSDP
       block ranges with ``fsdp_blocks={macro: k}`` (``only`` then also admits the range's +FSDP option) (same strategies, stream layouts and ranges,
       checked; the op rules re-derive shardings, constraints and bill for the small shapes). A saved plan
@@ -231,8 +231,8 @@ def make_plans(out_dir: Path, block_counts: list[int], target: str = "gspmd", op
     if optimum:
         books["d"] = (score_profile(), plans.under_score)
     for which, (hw, book) in books.items():
-        full = plan_graph(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2, target=target)
-        hand = tt_xla_plan(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2).predicted
+        full = plan_graph(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_sets=2, target=target)
+        hand = tt_xla_plan(full_graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_sets=2).predicted
         save_plan(full, out_dir / f"full-a14b-720p-{which}.plan.json")
         book[which] = (full.predicted.step_seconds, full.predicted.comm_seconds)
         book["b"] = (hand.step_seconds, hand.comm_seconds)
@@ -261,7 +261,7 @@ def transfer(full, hw, which: str, out_dir: Path, block_counts: list[int], targe
         graph, _ = capture_module(m, **small_inputs("meta"), return_dict=False, model=f"{BASE_MODEL}/16")
         fsdp = scaled_fsdp(out.fsdp, blocks)
         small = plan_graph(
-            graph, mesh, hw, num_blocks=blocks, weight_copies=2, only=only, target=target, fsdp_blocks=fsdp
+            graph, mesh, hw, num_blocks=blocks, weight_sets=2, only=only, target=target, fsdp_blocks=fsdp
         )
         got = (chosen_strategies(small), streams(small), fsdp_counts(small))
         if got != (out.strategies, streams(full), fsdp):

@@ -18,104 +18,82 @@ price any plan under the same rules. Pipeline (each step is its own module):
 
 from __future__ import annotations
 
-from typing import Mapping, Optional
-
 from planner import engine
-from planner.dit_family import DitFamily, DitOptions
+from planner.dit_family import DitFamily
 from planner.dit_problem import PRESETS
 from planner.forward import Forward, evaluate_forward, price_plan
 from planner.graph import Graph
-from planner.hardware import HardwareProfile, resolve_hardware
+from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
-from planner.padding import PadHeads
-from planner.plan import Plan, PlanError
-from planner.targets import get_target
+from planner.plan import Plan
+from planner.request import PlanRequest
 
-__all__ = ["PRESETS", "DitFamily", "DitOptions", "Forward", "evaluate_forward", "plan_graph", "price_plan"]
+__all__ = [
+    "PRESETS",
+    "DitFamily",
+    "Forward",
+    "PlanRequest",
+    "evaluate_forward",
+    "plan_graph",
+    "plan_request",
+    "price_plan",
+]
 
 
-def plan_graph(
-    graph: Graph,
-    mesh: MeshSpec,
-    hardware: str | HardwareProfile | None = None,
-    *,
-    memory_gb: Optional[float] = None,
-    num_blocks: Optional[int] = None,
-    weight_copies: int = 1,
-    values: Optional[Mapping[str, int]] = None,
-    time_limit_s: float = 5.0,
-    model: str = "",
-    sequence_parallel: bool = True,
-    only: Optional[Mapping[str, str]] = None,
-    batch_axes: tuple[str, ...] = (),
-    stream_layouts: bool = True,
-    preset: str = "auto",
-    target: str = "gspmd",
-    pad_heads: Optional[PadHeads] = None,
-    fsdp_blocks: Optional[Mapping[str, int]] = None,
-) -> Plan:
-    """Plan a captured Wan DiT graph.
+def plan_graph(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, **fields) -> Plan:
+    """Plan a captured Wan DiT graph on one mesh (no CFG choice: `planner.cfg.plan_dit` adds it): the request
+    `PlanRequest.make(mesh, hardware, **fields)` (`planner.request`) planned by `plan_request`.
 
     Args:
         graph: the captured graph (`wancompile.capture`); one or two blocks suffice.
         mesh: the logical mesh (axes of size 1 are ignored).
         hardware: a profile name (`planner.hardware.PROFILES`) or profile; None: the system with
             this mesh shape (`planner.hardware.default_hardware`).
-        memory_gb: per-device budget (default: the profile's DRAM).
-        num_blocks: how many identical blocks the model has (default: as captured). Block decisions
-            are shared; parameters and constraints are written for all of them by name.
-        weight_copies: weight sets resident per device (2 for both A14B experts).
-        values: example sizes for symbolic dims (costs need numbers; the plan keeps guards).
-        sequence_parallel: False restricts block macros to unsplit tokens (TP / replicated only).
-        only: macro name (``attn1``, ``ffn``, ``condition_embedder.time_embedder``) -> regular
-            expression a strategy name must match (``{"attn1": "^Ulysses"}``): restricts the
-            choice, e.g. to compile and check a strategy the cost model would not pick here.
-        batch_axes: mesh axes that split the batch dim (dim 0) of every batch-carrying value and that no
-            macro may use otherwise (CFG parallel: ``("cfg",)``, `planner.cfg`); parameters stay
-            replicated over them. Batch-carrying = the values whose propagated layout, from the
-            batch-split model inputs, keeps the split on dim 0 (the op rules decide, no name lists).
-        stream_layouts: offer the split stream layouts between macros (STATE B: hidden split over
-            the TP axes; sequence-parallel Megatron: tokens also split over them) besides STATE A
-            (hidden whole). False: STATE A only, the seed's plans.
-        preset: ``auto`` (the solver decides) or ``tt-xla``: the seed's hand plan through this same
-            engine — every block macro head-TP / Megatron on the last mesh axis with SP on the others,
-            the embedders Megatron on the last axis, STATE A, no FSDP — so its bill is the rules'
-            (`PRESETS`); the other options are recorded as excluded by the preset.
-        target: the partitioner (`planner.targets`): options and stream edges are priced with the
-            reshards it compiles (tt-mlir: a split added to a split value is an all-to-all), while the
-            plan's ``collectives`` stay GSPMD's (its prediction for the target: `planner.pins`).
-        pad_heads: {block-generic attention module: heads} -> the planner graph of this model with
-            those attentions' heads zero-padded (`planner.padding`). Given, attentions whose heads a
-            split of the mesh does not divide are also offered head-TP / Ulysses on padded heads,
-            priced on that graph; a plan that chooses one names ops of the padded graph and records
-            the padding in its decisions (`Plan.head_padding`). None: no padded options.
-        fsdp_blocks: block macro -> how many of its blocks run the FSDP twin of its chosen strategy
-            (0 .. num_blocks - 1; fixes the ILP's w, `planner.ilp` (e)): with ``only``, transfers a
-            plan's FSDP block range to another model (``bench/bench_score.py``). None: the solver
-            decides, for every block macro, how many blocks (the last ones) memory needs on the twin.
+        fields: `PlanRequest`'s, of which the DiT reads:
+            memory_gb: per-device budget (default: the profile's DRAM).
+            num_blocks: how many identical blocks the model has (default: as captured). Block decisions
+                are shared; parameters and constraints are written for all of them by name.
+            weight_sets: weight sets resident per device (2 for both A14B experts).
+            values: example sizes for symbolic dims (costs need numbers; the plan keeps guards).
+            time_limit_s: the solver's limit (default 5 s).
+            sequence_parallel: False restricts block macros to unsplit tokens (TP / replicated only).
+            only: macro name (``attn1``, ``ffn``, ``condition_embedder.time_embedder``) -> regular
+                expression a strategy name must match (``{"attn1": "^Ulysses"}``): restricts the
+                choice, e.g. to compile and check a strategy the cost model would not pick here.
+            batch_axes: mesh axes that split the batch dim (dim 0) of every batch-carrying value and that no
+                macro may use otherwise (CFG parallel: ``("cfg",)``, `planner.cfg`); parameters stay
+                replicated over them. Batch-carrying = the values whose propagated layout, from the
+                batch-split model inputs, keeps the split on dim 0 (the op rules decide, no name lists).
+            stream_layouts: offer the split stream layouts between macros (STATE B: hidden split over
+                the TP axes; sequence-parallel Megatron: tokens also split over them) besides STATE A
+                (hidden whole). False: STATE A only, the seed's plans.
+            preset: ``auto`` (the solver decides) or ``tt-xla``: the seed's hand plan through this same
+                engine — every block macro head-TP / Megatron on the last mesh axis with SP on the others,
+                the embedders Megatron on the last axis, STATE A, no FSDP — so its bill is the rules'
+                (`PRESETS`); the other options are recorded as excluded by the preset.
+            target: the partitioner (`planner.targets`): options and stream edges are priced with the
+                reshards it compiles (tt-mlir: a split added to a split value is an all-to-all), while the
+                plan's ``collectives`` stay GSPMD's (its prediction for the target: `planner.pins`).
+            pad_heads: {block-generic attention module: heads} -> the planner graph of this model with
+                those attentions' heads zero-padded (`planner.padding`). Given, attentions whose heads a
+                split of the mesh does not divide are also offered head-TP / Ulysses on padded heads,
+                priced on that graph; a plan that chooses one names ops of the padded graph and records
+                the padding in its decisions (`Plan.head_padding`). None: no padded options.
+            fsdp_blocks: block macro -> how many of its blocks run the FSDP twin of its chosen strategy
+                (0 .. num_blocks - 1; fixes the ILP's w, `planner.ilp` (e)): with ``only``, transfers a
+                plan's FSDP block range to another model (``bench/bench_score.py``). None: the solver
+                decides, for every block macro, how many blocks (the last ones) memory needs on the twin.
 
     Raises:
         MemoryBudgetError: no plan fits the budget; ``need_gb`` is a budget that plans (found by a
             minimise-memory solve), ``meshes`` the larger system meshes that would plan within it.
         SolverTimeout: the solver hit ``time_limit_s`` before finding any plan.
     """
-    hw = get_target(target).profile(resolve_hardware(hardware, mesh))  # what the target cannot lower, priced out
-    if weight_copies < 1:
-        raise PlanError(f"weight_copies must be at least 1 (weight sets resident per device), got {weight_copies}")
-    options = DitOptions(
-        num_blocks=num_blocks,
-        weight_copies=weight_copies,
-        values=values,
-        sequence_parallel=sequence_parallel,
-        only=only,
-        batch_axes=tuple(batch_axes),
-        stream_layouts=stream_layouts,
-        preset=preset,
-        model=model or graph.model,
-        target=target,
-        pad_heads=pad_heads,
-        fsdp_blocks=fsdp_blocks,
-    )
-    family = DitFamily(graph, mesh, hw, options)
-    budget = (memory_gb * 1e9) if memory_gb is not None else float(hw.dram_bytes)
-    return engine.plan(family, budget, time_limit_s).with_(target=target)
+    return plan_request(graph, PlanRequest.make(mesh, hardware, **fields))
+
+
+def plan_request(graph: Graph, request: PlanRequest) -> Plan:
+    """The DiT plan for `graph` under `request` on its mesh, as it is (no CFG choice)."""
+    family = DitFamily(graph, request)
+    limit = request.time_limit_s if request.time_limit_s is not None else 5.0
+    return engine.plan(family, request.budget_bytes, limit).with_(target=request.target.name)

@@ -20,8 +20,8 @@ Options for a graph of batch B = 2·k on a mesh (a, b) with axes ("batch", "mode
   time, not devices — every batch-carrying value split on it, parameters replicated over it, no strategy
   or collective on it — so each device holds one branch's batch-1 shapes on the user's mesh; step time x2.
   The caller must run it: a batch-2 forward is one program, so this option is chosen only where the caller
-  says it can split the pair (``sequential=True``: compile_pipeline's CFG wrapper under ``auto``, which then
-  runs cond and uncond as two forwards); `plan_dit` then raises `CfgSequential` carrying the record.
+  says it can split the pair (``cfg_pair_splittable=True``: compile_pipeline's CFG wrapper under ``auto``, which then
+  runs cond and uncond as two forwards); `plan_dit` then returns a plan that decides it (`runs_as_two_forwards`).
   Elsewhere it is priced and recorded, with the reason it was not taken.
 
 Which axis is halved by default: the major-most axis of size > 1 (2x4 and 8x4: ``batch``; 1x8:
@@ -50,9 +50,11 @@ from dataclasses import replace
 from typing import Any, Optional, Union
 
 from planner.graph import Graph
-from planner.hardware import HardwareProfile, resolve_hardware
+from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.plan import CfgOption, CfgParallel, Decision, Exclusion, MemoryBudgetError, OptionCost, Plan, PlanError
+from planner.request import PlanRequest
+from planner.request import normalize_mode as normalize_mode  # re-exported
 from planner.structure import find_structure
 
 CFG_AXIS = "cfg"
@@ -60,7 +62,7 @@ MODES = ("auto", "on", "off")
 SEQUENTIAL = "sequential"
 NOT_RUN_BY_CALLER = (
     "two batch-1 forwards are the caller's to run (a batch-2 forward is one program): offered where the caller "
-    "can split the pair (compile_pipeline(cfg_parallel='auto'), plan_dit(..., sequential=True))"
+    "can split the pair (compile_pipeline(cfg_parallel='auto'), plan_dit(..., cfg_pair_splittable=True))"
 )
 
 
@@ -73,38 +75,35 @@ class CfgInfeasible(PlanError):
 
 
 class CfgSequential(PlanError):
-    """``auto`` chose two batch-1 forwards (``sequential``) over any batch-2 plan: the caller runs cond and
-    uncond as two forwards. ``record`` is the decision (every option priced); ``options`` as `CfgInfeasible`."""
+    """The backend's answer to a caller that can split the CFG pair (``cfg_pair_splittable``) when the plan for
+    its batch-2 forward decides ``sequential`` (`runs_as_two_forwards`): a batch-2 program cannot run as two
+    forwards, so the caller runs cond and uncond as two (compile_pipeline's CFG wrapper catches it by type).
+    ``plan`` is the plan with that decision, ``record`` its `CfgParallel`; ``options`` as `CfgInfeasible`."""
 
-    def __init__(self, message: str, record: CfgParallel) -> None:
+    def __init__(self, message: str, plan: Plan) -> None:
         super().__init__(message)
-        self.record = record
-        self.options = record.options
+        self.plan = plan
+        self.record = plan.cfg_parallel
+        self.options = self.record.options
+
+    @classmethod
+    def of(cls, plan: Plan) -> "CfgSequential":
+        """The error for `plan`, which decides ``sequential``, saying why (its record's step times)."""
+        c = plan.cfg_parallel
+        best = c.option(c.chosen)
+        rest = ", ".join(f"{o.name} {o.step_seconds * 1e3:.6g} ms" for o in c.options if o.feasible and o is not best)
+        return cls(
+            f"cfg_parallel=auto: two batch-1 forwards on mesh {c.base_mesh} are the cheapest way to run the CFG pair "
+            f"({best.step_seconds * 1e3:.6g} ms per step; {rest or 'no batch-2 plan fits'}): run cond and uncond as "
+            "two forwards, or pass cfg_parallel='off' / 'on' to batch the pair anyway",
+            plan,
+        )
 
 
-def normalize_mode(value: Union[str, bool, None]) -> str:
-    """``auto`` / ``on`` / ``off`` from a mode name or a boolean (None = auto)."""
-    if value is None:
-        return "auto"
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    text = str(value).strip().lower()
-    aliases = {
-        "auto": "auto",
-        "on": "on",
-        "true": "on",
-        "1": "on",
-        "yes": "on",
-        "off": "off",
-        "false": "off",
-        "0": "off",
-        "no": "off",
-    }
-    if text not in aliases:
-        raise PlanError(f"cfg_parallel must be auto, on (true) or off (false); got {value!r}")
-    return aliases[text]
+def runs_as_two_forwards(plan: Plan) -> bool:
+    """Whether `plan` decides ``sequential``: its caller runs the CFG pair as two batch-1 forwards (the plan is the
+    batch-1 forward's, priced on `sequential_mesh`); no batch-2 program is compiled for it."""
+    return plan.cfg_parallel is not None and plan.cfg_parallel.chosen == SEQUENTIAL
 
 
 def batch_size(graph: Graph):
@@ -168,32 +167,29 @@ def plan_profile(plan: Plan, hw: HardwareProfile) -> HardwareProfile:
     return split_profile(hw, c.base_mesh, c.option(c.chosen).split_axis)
 
 
-def plan_dit(
-    graph: Graph,
-    mesh: MeshSpec,
-    hardware: Union[str, HardwareProfile, None] = None,
-    *,
-    cfg_parallel: Union[str, bool, None] = "auto",
-    cfg_axes: Optional[tuple[str, ...]] = None,
-    target: str = "gspmd",
-    sequential: bool = False,
-    **kwargs: Any,
-) -> Plan:
-    """Plan a DiT graph with the CFG-parallel choice (module docstring); `kwargs` go to `plan_graph`.
-    `cfg_axes`: the mesh axes that may be halved (default: the major-most axis of size > 1, see the module
-    docstring); among several, the cost picks. `target`: a split mesh the partitioner cannot compile
-    (`planner.targets.Target.max_mesh_axes`) is an infeasible option, with its reason. `sequential`: the caller
-    can run the pair as two batch-1 forwards, so ``auto`` may choose that (then `CfgSequential` is raised);
-    without it the option is priced and recorded, not chosen.
+def plan_dit(graph: Graph, mesh: MeshSpec, hardware: Union[str, HardwareProfile, None] = None, **fields: Any) -> Plan:
+    """Plan a DiT graph with the CFG-parallel choice (module docstring): the request
+    `PlanRequest.make(mesh, hardware, **fields)` (`planner.request`) planned by `plan_request`."""
+    return plan_request(graph, PlanRequest.make(mesh, hardware, **fields))
+
+
+def plan_request(graph: Graph, request: PlanRequest) -> Plan:
+    """The DiT plan for `graph` under `request`, with the CFG-parallel choice (module docstring).
+    ``request.cfg_axes``: the mesh axes that may be halved (default: the major-most axis of size > 1, see the
+    module docstring); among several, the cost picks. A split mesh the target cannot compile
+    (`planner.targets.Target.max_mesh_axes`) is an infeasible option, with its reason.
+    ``request.cfg_pair_splittable``: the caller can run the pair as two batch-1 forwards, so ``auto`` may
+    choose that: the plan returned then decides ``sequential`` (`runs_as_two_forwards`: its record's ``chosen``;
+    the batch-1 plan on `sequential_mesh`); without it the option is priced and recorded, not chosen.
 
     A graph whose batch is not even has no CFG pair to split: ``auto``/``off`` plan it as usual (no
     record), ``on`` raises. ``on`` on a mesh with no even axis, or where no split plan fits memory,
     raises too, naming why.
     """
-    from planner.autoplan import plan_graph
+    from planner.autoplan import plan_request as plan_one
 
-    mode = normalize_mode(cfg_parallel)
-    hw = resolve_hardware(hardware, mesh)
+    mode, mesh, hw, cfg_axes = request.cfg_parallel, request.mesh, request.hw, request.cfg_axes
+    target = request.target
     batch = batch_size(graph)
     if not isinstance(batch, int) or batch % 2:
         if mode == "on":
@@ -201,7 +197,7 @@ def plan_dit(
                 f"cfg_parallel=on needs the CFG pair as one forward of even batch (cond and uncond concatenated); "
                 f"this graph's batch is {batch}. Call the transformer with batch 2, or use cfg_parallel=auto/off"
             )
-        return plan_graph(graph, mesh, hw, target=target, **kwargs)
+        return plan_one(graph, request)
     for a in cfg_axes or ():
         mesh.axis_index(a)
     if cfg_axes is None:
@@ -214,32 +210,20 @@ def plan_dit(
             "pass cfg_axes to try others); use another mesh, or cfg_parallel=auto/off"
         )
     plans: dict[str, Plan] = {}
-    kwargs["target"] = target
-    options = [_option("off", mesh, None, lambda: plan_graph(graph, mesh, hw, **kwargs), plans)]
-    from planner.targets import get_target
-
-    limit = get_target(target).max_mesh_axes
+    options = [_option("off", mesh, None, lambda: plan_one(graph, request), plans)]
+    limit = target.max_mesh_axes
     for axis in axes:
         split = split_mesh(mesh, axis)
         if limit is not None and sum(n > 1 for n in split.shape) > limit:
             why = (
-                f'target {target} compiles meshes of at most {limit} axes of size > 1 (tt-mlir: "Pass expects a 0D, '
-                f'1D, or 2D mesh"; sub-axis shardings are refused too); the split mesh {split} has more'
+                f'target {target.name} compiles meshes of at most {limit} axes of size > 1 (tt-mlir: "Pass expects a '
+                f'0D, 1D, or 2D mesh"; sub-axis shardings are refused too); the split mesh {split} has more'
             )
             options.append(CfgOption(f"split({axis})", split, axis, reason=why))
             continue
-        options.append(
-            _option(
-                f"split({axis})",
-                split,
-                axis,
-                lambda s=split, a=axis: plan_graph(
-                    graph, s, split_profile(hw, mesh, a), batch_axes=(CFG_AXIS,), **kwargs
-                ),
-                plans,
-            )
-        )
-    options.append(_sequential(graph, mesh, hw, kwargs, sequential))
+        on_split = request.variant(mesh=split, hw=split_profile(hw, mesh, axis), batch_axes=(CFG_AXIS,))
+        options.append(_option(f"split({axis})", split, axis, lambda r=on_split: plan_one(graph, r), plans))
+    options.append(_sequential(graph, request, plans))
     domain = [o for o in options if _in_mode(o, mode)]
     allowed = [o for o in domain if o.feasible]
     if not allowed:
@@ -247,20 +231,12 @@ def plan_dit(
         raise CfgInfeasible(f"cfg_parallel={mode}: no plan on mesh {mesh}: " + (why or "no option"), tuple(options))
     best = min(allowed, key=lambda o: (o.step_seconds, o.name == SEQUENTIAL, o.split_axis is not None))
     record = CfgParallel(mode, best.name, mesh, batch, tuple(options), CFG_AXIS)
-    if best.name == SEQUENTIAL:
-        rest = ", ".join(f"{o.name} {o.step_seconds * 1e3:.6g} ms" for o in options if o.feasible and o is not best)
-        raise CfgSequential(
-            f"cfg_parallel=auto: two batch-1 forwards on mesh {mesh} are the cheapest way to run the CFG pair "
-            f"({best.step_seconds * 1e3:.6g} ms per step; {rest or 'no batch-2 plan fits'}): run cond and uncond as "
-            "two forwards, or pass cfg_parallel='off' / 'on' to batch the pair anyway",
-            record,
-        )
     plan = plans[best.name]
     return plan.with_(
         cfg_parallel=record,
         decisions=(_decision(record, best),) + plan.decisions,
         notes=plan.notes + (_note(record, best),),
-        target=target,
+        target=target.name,
     )
 
 
@@ -271,19 +247,13 @@ def _in_mode(o: CfgOption, mode: str) -> bool:
     return o.split_axis is not None if mode == "on" else o.name == "off"
 
 
-def _sequential(graph: Graph, mesh: MeshSpec, hw: HardwareProfile, kwargs: dict, runnable: bool) -> CfgOption:
+def _sequential(graph: Graph, request: PlanRequest, plans: dict) -> CfgOption:
     """The ``sequential`` option: the batch-1 plan on the whole mesh (`sequential_mesh`), its step twice."""
-    from planner.autoplan import plan_graph
+    from planner.autoplan import plan_request as plan_one
 
-    plans: dict[str, Plan] = {}
-    seq = sequential_mesh(mesh)
-    one = _option(
-        SEQUENTIAL,
-        seq,
-        None,
-        lambda: plan_graph(graph, seq, sequential_profile(hw, mesh), batch_axes=(CFG_AXIS,), **kwargs),
-        plans,
-    )
+    mesh, seq = request.mesh, sequential_mesh(request.mesh)
+    priced = request.variant(mesh=seq, hw=sequential_profile(request.hw, mesh), batch_axes=(CFG_AXIS,))
+    one = _option(SEQUENTIAL, seq, None, lambda: plan_one(graph, priced), plans)
     if not one.feasible:
         return replace(one, mesh=mesh)
     return replace(
@@ -292,7 +262,7 @@ def _sequential(graph: Graph, mesh: MeshSpec, hw: HardwareProfile, kwargs: dict,
         step_seconds=2 * one.step_seconds,
         compute_seconds=2 * one.compute_seconds,
         comm_seconds=2 * one.comm_seconds,
-        reason="" if runnable else NOT_RUN_BY_CALLER,
+        reason="" if request.cfg_pair_splittable else NOT_RUN_BY_CALLER,
     )
 
 
@@ -328,6 +298,11 @@ def _decision(record: CfgParallel, best: CfgOption) -> Decision:
 
 
 def _note(record: CfgParallel, best: CfgOption) -> str:
+    if best.name == SEQUENTIAL:
+        return (
+            f"CFG sequential: the batch-{record.batch} pair runs as two batch-{record.batch // 2} forwards on the "
+            f"whole mesh {record.base_mesh}, one after the other (the caller runs them)"
+        )
     if best.split_axis is None:
         return f"CFG parallel off: the batch-{record.batch} forward runs on the whole mesh {record.base_mesh}"
     return (

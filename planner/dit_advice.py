@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 
+from planner.dit_state import DitState
 from planner.hardware import PROFILES
 from planner.ilp import Infeasible
 from planner.mesh import MeshSpec
@@ -26,7 +27,7 @@ def _system_meshes(mesh: MeshSpec) -> list[MeshSpec]:
     return [MeshSpec(tuple(s), tuple(names) if names else ("batch", "model")) for s in shapes]
 
 
-class DitAdvice:
+class DitAdvice(DitState):
     """`engine.Family.subject` and `advice` of the DiT: re-plans the larger system meshes."""
 
     @property

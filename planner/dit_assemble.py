@@ -15,6 +15,7 @@ from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
 from planner import engine, pricing
+from planner.dit_state import DitState
 from planner.graph import Graph
 from planner.packing import packed_operand
 from planner.padding import padded_copy_bytes
@@ -28,7 +29,7 @@ from planner.reshard import redistribute, reduced_through, sliced_behind, sliced
 from planner.strategies import Strategy
 
 
-class DitAssembly:
+class DitAssembly(DitState):
     """`engine.Family.assemble` of the DiT (see the module docstring)."""
 
     def assemble(self, problem: engine.Problem, solution: engine.Solution, decisions) -> Plan:

@@ -10,6 +10,7 @@ from dataclasses import replace as dc_replace
 from typing import Optional
 
 from planner import engine
+from planner.dit_state import DitState
 from planner.ilp import Group
 from planner.plan import (
     Decision,
@@ -18,7 +19,7 @@ from planner.plan import (
 from planner.strategies import Strategy
 
 
-class DitExplain:
+class DitExplain(DitState):
     """`engine.Family.decisions` of the DiT (see the module docstring)."""
 
     def decisions(self, problem: engine.Problem, solution: engine.Solution) -> tuple[Decision, ...]:

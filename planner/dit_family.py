@@ -1,9 +1,8 @@
 """The DiT as a model family of `planner.engine`, assembled from its parts by job.
 
-`DitFamily` is built once from `planner.autoplan.plan_graph`'s arguments (immutable after
-construction). This module owns its construction, its variants (another mesh, the graph with some
+`DitFamily` is built once from a `planner.request.PlanRequest` (immutable after construction). This module owns its construction, its variants (another mesh, the graph with some
 attentions' heads padded) and each macro's strategies under the family's options; the rest is one
-module per job, each a mixin reading the state set here:
+module per job, each a part reading the state set here and declared in `planner.dit_state.DitState`:
 
 - `planner.dit_pricing`: what an option and a stream edge cost;
 - `planner.dit_problem`: the ILP problem, the ring options, the presets and the hint;
@@ -15,7 +14,6 @@ module per job, each a mixin reading the state set here:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from dataclasses import replace as dc_replace
 from typing import Mapping, Optional
 
@@ -26,33 +24,13 @@ from planner.dit_pins import DitPins
 from planner.dit_pricing import DitPricing
 from planner.dit_problem import PRESETS, DitProblem, _RingOption
 from planner.graph import Graph
-from planner.hardware import HardwareProfile
 from planner.macros import Macro
 from planner.mesh import MeshSpec
-from planner.padding import PadHeads, needs_padding, pad_targets
+from planner.padding import needs_padding, pad_targets
 from planner.plan import Exclusion, HeadPadding, PlanError
+from planner.request import PlanRequest
 from planner.strategies import Strategy, family_strategies
 from planner.structure import dit_graph, find_structure
-from planner.targets import get_target
-
-
-@dataclass(frozen=True)
-class DitOptions:
-    """What `DitFamily` plans under besides graph, mesh and hardware: `planner.autoplan.plan_graph`'s
-    keyword arguments of the same names (documented there), passed through as one record."""
-
-    num_blocks: Optional[int] = None
-    weight_copies: int = 1
-    values: Optional[Mapping[str, int]] = None
-    sequence_parallel: bool = True
-    only: Optional[Mapping[str, str]] = None
-    batch_axes: tuple[str, ...] = ()
-    stream_layouts: bool = True
-    preset: str = "auto"
-    model: str = ""
-    target: str = "gspmd"
-    pad_heads: Optional[PadHeads] = None
-    fsdp_blocks: Optional[Mapping[str, int]] = None
 
 
 class DitFamily(DitPricing, DitProblem, DitAdvice, DitExplain, DitAssembly, DitPins):
@@ -60,42 +38,42 @@ class DitFamily(DitPricing, DitProblem, DitAdvice, DitExplain, DitAssembly, DitP
     options priced by the op rules, the stream edges between them; its decisions and its plan. Built
     once from `plan_graph`'s arguments (immutable after construction)."""
 
-    def __init__(
-        self, graph: Graph, mesh: MeshSpec, hw: HardwareProfile, options: Optional[DitOptions] = None, **changes
-    ):
-        o = dc_replace(options or DitOptions(), **changes)
-        if o.preset not in PRESETS:
-            raise PlanError(f"unknown DiT plan preset {o.preset!r}; choose one of {list(PRESETS)}")
+    def __init__(self, graph: Graph, request: PlanRequest):
+        r = request
+        if r.preset not in PRESETS:
+            raise PlanError(f"unknown DiT plan preset {r.preset!r}; choose one of {list(PRESETS)}")
         graph = dit_graph(graph)  # stacks that are not transformer blocks planned op by op
         st = find_structure(graph)
-        self.g, self.mesh, self.hw, self.st = graph, mesh, hw, st
-        self.n, self.copies, self.vals = o.num_blocks or st.captured_blocks, o.weight_copies, dict(o.values or {})
-        self.sequence_parallel, self.only = o.sequence_parallel, dict(o.only or {})
-        self.preset, self.model = o.preset, o.model
-        self.stream_layouts = o.stream_layouts
-        self.batch_axes = tuple(a for a in o.batch_axes if mesh.axis_size(a) > 1)
+        mesh = r.mesh
+        self.g, self.mesh, self.hw, self.st = graph, mesh, r.hw, st
+        self.n, self.copies, self.vals = r.num_blocks or st.captured_blocks, r.weight_sets, dict(r.values)
+        self.sequence_parallel, self.only = r.sequence_parallel, dict(r.only)
+        self.preset, self.model = r.preset, r.model or graph.model
+        self.stream_layouts = r.stream_layouts
+        self.batch_axes = tuple(a for a in r.batch_axes if mesh.axis_size(a) > 1)
         self.inputs = self._batch_inputs()
         self.batch_nodes = self._batch_carrying()
         self.base = self._base_layouts()
         self.macro_of: dict[str, str] = {x: m.name for m in st.block_macros + st.family_macros for x in m.nodes}
         self.macros = st.block_macros + st.family_macros + st.root_macros
         self.family_first = {f.macros[0].name: f for f in st.families}
-        self.hidden = graph[st.entry].out.shape[-1] if o.stream_layouts and o.preset == "auto" else None
+        self.hidden = graph[st.entry].out.shape[-1] if r.stream_layouts and r.preset == "auto" else None
         self._ends: dict = {}  # (stream key, priced) -> `ends(key)`, computed once
-        self.target_name = o.target
+        self.spec = r.target  # the target (planner.targets): what its partitioner lowers
         # None: GSPMD, whose reshards the rules' events are in; else the target the options are priced for
-        self.target = None if o.target == "gspmd" else get_target(o.target)
-        self.pad_heads = o.pad_heads
-        self.fsdp_blocks = dict(o.fsdp_blocks or {})
-        self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if o.pad_heads is not None else {}
+        self.target = None if r.target.modelled_by_rules else r.target
+        self.pad_heads = r.pad_heads
+        self.fsdp_blocks = dict(r.fsdp_blocks or {})
+        self.pads = pad_targets(graph, st.block_macros, mesh, self.batch_axes) if r.pad_heads is not None else {}
         self._variants: dict = {}  # macro name -> (family on its padded graph, its macro there) or why not
         # macro name -> every ring option priced by `problem` (offered to the solver or not), `_RingOption`
         self._rings: dict[str, list[_RingOption]] = {}
-        self.options = dc_replace(o, num_blocks=self.n, batch_axes=self.batch_axes)  # as built: `_with` varies it
+        # the request as built: `_with` varies it
+        self.request = r.variant(num_blocks=self.n, batch_axes=self.batch_axes, model=self.model)
 
-    def _with(self, graph: Optional[Graph] = None, mesh: Optional[MeshSpec] = None, **changes) -> "DitFamily":
-        """This family's model and options, with `changes` (keyword arguments of the constructor)."""
-        return DitFamily(graph or self.g, mesh or self.mesh, self.hw, self.options, **changes)
+    def _with(self, graph: Optional[Graph] = None, **changes) -> "DitFamily":
+        """This family's model and request, with `changes` (`PlanRequest` fields)."""
+        return DitFamily(graph or self.g, self.request.variant(**changes))
 
     def on(self, mesh: MeshSpec) -> "DitFamily":
         """The same model and options on another mesh (no batch axes)."""

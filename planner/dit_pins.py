@@ -11,6 +11,7 @@ A mixin of `planner.dit_family.DitFamily`: its methods read the family's state (
 
 from __future__ import annotations
 
+from planner.dit_state import DitState
 from planner.graph import Graph, Node
 from planner.placements import Layout
 from planner.plan import (
@@ -18,7 +19,7 @@ from planner.plan import (
 )
 
 
-class DitPins:
+class DitPins(DitState):
     """The DiT plan's activation constraints (see the module docstring)."""
 
     def _activations(self, pins, sigma0, copies, *, tokens_split: bool, ranged=()) -> tuple[ActivationConstraint, ...]:

@@ -15,6 +15,7 @@ from dataclasses import replace as dc_replace
 
 from planner import pricing
 from planner.cost_model import to_ns
+from planner.dit_state import DitState
 from planner.ilp import Edge
 from planner.macros import Macro, crossing, stream_edges
 from planner.padding import padded_copy_bytes
@@ -26,7 +27,7 @@ from planner.propagate import Evaluation, evaluate
 from planner.strategies import Strategy
 
 
-class DitPricing(pricing.MacroPricing):
+class DitPricing(DitState, pricing.MacroPricing):
     """Pricing of the DiT's options and stream edges (see the module docstring)."""
 
     def _base_layouts(self) -> dict:

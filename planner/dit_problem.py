@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from planner import engine, pricing
 from planner.cost_model import to_ns
+from planner.dit_state import DitState
 from planner.ilp import Group, Option
 from planner.macros import Macro, restrict
 from planner.plan import (
@@ -23,12 +24,11 @@ from planner.plan import (
 from planner.propagate import Evaluation
 from planner.ring import RingPrice, ring_evaluation
 from planner.strategies import Strategy, ring_variant
-from planner.targets import get_target
 
 PRESETS = ("auto", "tt-xla")  # `plan_graph`'s presets: the solver decides, or the seed's hand plan
 
 
-class DitProblem:
+class DitProblem(DitState):
     """The DiT's `engine.Problem` (see the module docstring)."""
 
     def problem(self) -> engine.Problem:
@@ -42,7 +42,7 @@ class DitProblem:
             if not self.sequence_parallel:
                 opts = [s for s in opts if not s.sigma and not s.stream[0]]
             rings = self._ring_options(m, opts)
-            if get_target(self.target_name).ring_attention:
+            if self.spec.ring_attention:
                 opts = opts + [r for r, _ in rings]
             if m.name in self.only:  # none kept: `engine.check_options` says so
                 pattern = self.only[m.name]
@@ -96,7 +96,7 @@ class DitProblem:
     def _price_rings(self, m: Macro, rings, offered: list[Strategy], evals: dict, first: str) -> list["_RingOption"]:
         """Every ring option of `m` priced (`planner.ring`) from its K/V-gather option's evaluation, offered
         to the solver (in `offered`) or not (then why not); kept for the decisions (`_ring_decision`)."""
-        target = get_target(self.target_name)
+        target = self.spec
         names = {s.name for s in offered}
         out = []
         for r, gather in rings:

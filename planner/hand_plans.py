@@ -28,6 +28,7 @@ from planner.graph import Graph
 from planner.hardware import HardwareProfile
 from planner.mesh import MeshSpec
 from planner.plan import Plan, PlanError
+from planner.request import PlanRequest
 from planner.structure import StructureError, block_stack_entry
 
 
@@ -53,7 +54,7 @@ def tt_xla_plan(
 ) -> Plan:
     """The seed's hand plan for a captured Wan DiT graph on `mesh`: the ``tt-xla`` preset through the
     engine (`planner.autoplan.plan_graph`; `hardware`, `memory_gb` and `how` — ``num_blocks``,
-    ``weight_copies``, ``values``, ``time_limit_s``, ``target`` — as its). `memory_gb` None: no budget.
+    ``weight_sets``, ``values``, ``time_limit_s``, ``target`` — as its). `memory_gb` None: no budget.
 
     Raises:
         PlanError: the heads do not divide over the last mesh axis, or the tokens over the first.
@@ -63,6 +64,16 @@ def tt_xla_plan(
     check_tt_xla(graph, mesh)
     budget = UNLIMITED_GB if memory_gb is None else memory_gb
     return plan_graph(graph, mesh, hardware, preset="tt-xla", memory_gb=budget, model=model, **how)
+
+
+def tt_xla_request(graph: Graph, request: PlanRequest) -> Plan:
+    """`tt_xla_plan` under `request` (`planner.request`): the ``tt-xla`` preset on its mesh, hardware and target;
+    no budget unless the request has one."""
+    from planner.autoplan import plan_request
+
+    check_tt_xla(graph, request.mesh)
+    budget = UNLIMITED_GB if request.memory_gb is None else request.memory_gb
+    return plan_request(graph, request.variant(preset="tt-xla", memory_gb=budget))
 
 
 def check_tt_xla(graph: Graph, mesh: MeshSpec) -> None:

@@ -32,13 +32,13 @@ from dataclasses import replace
 
 from planner.collective import Collective
 from planner.graph import Graph, Node
-from planner.hardware import HardwareProfile, resolve_hardware
+from planner.hardware import HardwareProfile
 from planner.placements import Layout
 from planner.plan import ActivationConstraint, Plan
 from planner.pricing import collectives
 from planner.propagate import evaluate
+from planner.request import PlanRequest
 from planner.reshard import route
-from planner.targets import get_target
 
 PIN_REASON = "pinned: the layout the plan decides, so the partitioner has no choice (planner.pins)"
 OP_PIN_REASON = "pinned: the layout the op computes in, before the plan's constraint reshards it (planner.pins)"
@@ -58,16 +58,25 @@ _RESHAPES = ("view", "reshape", "flatten", "unflatten", "squeeze")
 _NOT_PINNED = ("setitem", "empty_like", "empty", "copy_")  # buffer writes and the buffers they fill
 
 
-def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None) -> Plan:
+Request = PlanRequest | str | HardwareProfile | None  # the plan's request, else its hardware (`_request`)
+
+
+def _request(plan: Plan, request: Request) -> PlanRequest:
+    """`request`, or the one `plan` records (`PlanRequest.for_plan`) with `request` as its hardware."""
+    return request if isinstance(request, PlanRequest) else PlanRequest.for_plan(plan, request)
+
+
+def pin_layouts(graph: Graph, plan: Plan, request: Request = None) -> Plan:
     """`plan` with every layout it decides pinned (see the module docstring). A plan already pinned
-    comes back unchanged."""
+    comes back unchanged. `request`: the plan's (`planner.request`), or the hardware it is priced on."""
     if any(a.reason in PIN_REASONS for a in plan.activations):
         return plan
-    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
+    req = _request(plan, request)
+    hw, target = req.hw, req.target
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
-    halo = get_target(plan.target).spatial_halo
+    halo = target.spatial_halo
     ev = evaluate(graph, list(graph), plan.mesh, hw, boundary=boundary, forced=forced, forced_inputs=copies, halo=halo)
     before: list[ActivationConstraint] = []  # the op's own layout, ahead of the plan's constraint on it
     pins: list[ActivationConstraint] = []
@@ -98,7 +107,6 @@ def pin_layouts(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None
         if graph[graph[name].inputs[i]].is_param and not want.partial and (name, i) not in copies
     ]
     acts = tuple(before) + plan.activations + tuple(pins) + tuple(reads)
-    target = get_target(plan.target)
     if "collective-permute" in target.unlowerable:
         acts = _routed(graph, acts, ev, plan.mesh, target)
     return plan.with_(activations=acts)
@@ -165,11 +173,11 @@ def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, targ
     return tuple(out)
 
 
-def graph_events(graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, target=None) -> Counter:
+def graph_events(graph: Graph, plan: Plan, request: Request = None, target=None) -> Counter:
     """{(kind, axes, bytes, generic place): count} of the collectives of the whole of `graph` under `plan`
     (its parameter specs and activation pins), as `target`'s partitioner compiles its reshards (None:
-    GSPMD's)."""
-    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
+    GSPMD's); `request` as `pin_layouts`'."""
+    req = _request(plan, request)
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
     boundary.update({name: (lay,) for name, lay in forced.items() if graph[name].op == "placeholder"})
@@ -177,33 +185,30 @@ def graph_events(graph: Graph, plan: Plan, hardware: str | HardwareProfile | Non
         graph,
         list(graph),
         plan.mesh,
-        hw,
+        req.hw,
         boundary=boundary,
         forced=forced,
         forced_inputs=copies,
         target=target,
-        halo=get_target(plan.target).spatial_halo,
+        halo=req.target.spatial_halo,
     )
     return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
 
 
-def graph_collectives(
-    graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None
-) -> tuple[Collective, ...]:
+def graph_collectives(graph: Graph, plan: Plan, request: Request = None) -> tuple[Collective, ...]:
     """The collectives of exactly `graph` under `plan`, as GSPMD compiles them: a plan made for more
     blocks than the graph holds (`Plan.first_blocks`) predicts those of the graph's blocks with these."""
-    return collectives(graph_events(graph, plan, hardware), plan.mesh)
+    return collectives(graph_events(graph, plan, request), plan.mesh)
 
 
-def target_collectives(
-    graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None
-) -> tuple[Collective, ...]:
+def target_collectives(graph: Graph, plan: Plan, request: Request = None) -> tuple[Collective, ...]:
     """`plan`'s predicted collectives as its target's compiled program holds them (`Target.lower`), with
     the reshards the target compiles differently from GSPMD (`planner.reshard.redistribute`'s
     ``target``): the plan's collectives, less what the whole-graph propagation under GSPMD has and the
     target's does not, plus what only the target's has."""
-    target = get_target(plan.target)
-    gspmd, own = graph_events(graph, plan, hardware), graph_events(graph, plan, hardware, target)
+    req = _request(plan, request)
+    target = req.target
+    gspmd, own = graph_events(graph, plan, req), graph_events(graph, plan, req, target)
     gone, extra = gspmd - own, own - gspmd
     out: list[Collective] = []
     for c in plan.collectives:

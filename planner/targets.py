@@ -73,6 +73,15 @@ class Target:
     # the 2-D mesh shapes its partitioner accepts (None: any); tt-mlir's fixed list (its SupportedMeshes,
     # include/ttmlir/Dialect/StableHLO/Utils/ShardingUtils.h, tt-mlir #4668): any other is "Mesh is not valid"
     meshes: Optional[frozenset] = None
+    # the op rules (`planner.propagate`) model its partitioner's reshards exactly (GSPMD): the plan's predicted
+    # collectives are its own, with no pins and no separate prediction for the target (`planner.pins`)
+    modelled_by_rules: bool = False
+    # with a dump_dir, the backend writes each program's Shardy export for this target's compiler (`wancompile.tt.export`)
+    exports_shardy: bool = False
+
+    def halos_as(self, name: str) -> bool:
+        """Whether target `name` gets a spatially split convolution's halo the way this one does (`spatial_halo`)."""
+        return TARGETS[name].spatial_halo == self.spatial_halo
 
     def profile(self, hw: HardwareProfile) -> HardwareProfile:
         """`hw` as the planner prices it for this target: what it cannot lower priced out."""
@@ -127,6 +136,7 @@ TARGETS = {
         False,
         False,
         True,
+        modelled_by_rules=True,
         no_ring_attention="no ring attention from GSPMD: sharding annotations make it all-gather K/V or all-to-all heads",
     ),
     "tt-mlir": Target(
@@ -141,6 +151,7 @@ TARGETS = {
         max_mesh_axes=2,
         unlowerable=("collective-permute",),
         results_in_mesh_order=True,
+        exports_shardy=True,
         no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
         meshes=frozenset(
             {(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8)}
@@ -148,6 +159,9 @@ TARGETS = {
         ),
     ),
 }
+
+
+DEFAULT = "gspmd"  # the target of a plan made without naming one
 
 
 def get_target(name: str) -> Target:

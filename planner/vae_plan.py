@@ -22,13 +22,13 @@ from typing import Mapping, Optional
 from planner import engine, pricing
 from planner.cost_model import to_ns
 from planner.graph import Graph
-from planner.hardware import HardwareProfile, resolve_hardware
+from planner.hardware import HardwareProfile
 from planner.ilp import Edge, Group
 from planner.macros import Macro, crossing, restrict, stream_edges
 from planner.mesh import MeshSpec
 from planner.plan import Decision, Plan, PlanError
 from planner.propagate import Evaluation
-from planner.targets import get_target
+from planner.request import PlanRequest
 from planner.vae_assemble import assemble
 from planner.vae_macros import FORBIDDEN_NS, find_macros, is_vae_graph, local_transition, stream_layout
 from planner.vae_strategies import PRESETS, VaeStrategy, macro_strategies, spans_space
@@ -43,24 +43,15 @@ class VaeFamily(pricing.MacroPricing):
 
     subject = "the VAE decode"
 
-    def __init__(
-        self,
-        graph: Graph,
-        mesh: MeshSpec,
-        hw: HardwareProfile,
-        *,
-        values: Optional[Mapping[str, int]] = None,
-        only: Optional[Mapping[str, str]] = None,
-        preset: str = "auto",
-        model: str = "",
-        target: str = "gspmd",
-    ):
-        self.target = get_target(target)
+    def __init__(self, graph: Graph, request: PlanRequest):
+        preset, mesh = request.preset, request.mesh
+        self.target = request.target
         self.halo = self.target.spatial_halo
         if preset not in PRESETS:
             raise PlanError(f"unknown VAE plan preset {preset!r}; choose one of {sorted(PRESETS)}")
-        self.g, self.mesh, self.hw, self.vals = graph, mesh, hw, dict(values or {})
-        self.preset, self.restricts, self.model = preset, (PRESETS[preset], dict(only or {})), model
+        self.g, self.mesh, self.hw, self.vals = graph, mesh, request.hw, dict(request.values)
+        self.preset, self.restricts = preset, (PRESETS[preset], dict(request.only))
+        self.model = request.model or graph.model
         self.macros = find_macros(graph)
         self.macro_of = {x: m.name for m in self.macros for x in m.nodes}
         self.by_name = {m.name: m for m in self.macros}
@@ -162,24 +153,13 @@ class VaeFamily(pricing.MacroPricing):
         return assemble(self, problem, solution, decisions)
 
 
-def plan_vae(
-    graph: Graph,
-    mesh: MeshSpec,
-    hardware: str | HardwareProfile | None = None,
-    *,
-    memory_gb: Optional[float] = None,
-    values: Optional[Mapping[str, int]] = None,
-    time_limit_s: float = 10.0,
-    model: str = "",
-    only: Optional[Mapping[str, str]] = None,
-    preset: str = "auto",
-    target: str = "gspmd",
-) -> Plan:
+def plan_vae(graph: Graph, mesh: MeshSpec, hardware: str | HardwareProfile | None = None, **fields) -> Plan:
     """Plan a captured Wan VAE decode graph.
 
     Args:
         graph: the captured full-T decode (or one chunk of a chunked-T decode).
-        mesh, hardware, memory_gb, values, time_limit_s: as `planner.plan_graph`.
+        mesh, hardware: as `planner.plan_graph`; `fields` are `planner.request.PlanRequest`'s, of which the VAE
+            reads memory_gb, values, time_limit_s (default 10 s), model, only, preset and target:
         only: macro name or kind (``resblock``, ``attention``, ``upsample``, ``shortcut``, ``head``,
             ``tail``, ``*`` for the rest) -> regular expression a strategy name must match
             (``ALL`` stands for every mesh axis of size > 1, joined by ``+``).
@@ -194,13 +174,14 @@ def plan_vae(
         PlanError: no plan fits the memory budget, or `only` leaves a macro without a legal strategy
             (the message lists why the wanted ones were excluded, e.g. an uneven spatial split).
     """
-    hw = resolve_hardware(hardware, mesh)
-    hw = get_target(target).profile(hw)  # what the target cannot lower, priced out
-    family = VaeFamily(
-        graph, mesh, hw, values=values, only=only, preset=preset, model=model or graph.model, target=target
-    )
-    budget = memory_gb * 1e9 if memory_gb is not None else float(hw.dram_bytes)
-    return engine.plan(family, budget, time_limit_s).with_(target=target)
+    return plan_request(graph, PlanRequest.make(mesh, hardware, **fields))
+
+
+def plan_request(graph: Graph, request: PlanRequest) -> Plan:
+    """The VAE decode plan for `graph` under `request`."""
+    family = VaeFamily(graph, request)
+    limit = request.time_limit_s if request.time_limit_s is not None else 10.0
+    return engine.plan(family, request.budget_bytes, limit).with_(target=request.target.name)
 
 
 def halo_convs(graph: Graph, plan: Plan) -> list[str]:

@@ -190,5 +190,5 @@ def test_under_the_calibrated_factors_auto_is_never_slower_than_the_hand_plan_wh
     hw = get_profile(system)
     hand = price_plan(a14b, tt_xla_plan(a14b, parse_mesh(mesh)), hw, num_blocks=40, weight_copies=1)
     assert hand.memory_bytes_per_device <= float(hw.dram_bytes)
-    auto = plan_graph(a14b, parse_mesh(mesh), hw, num_blocks=40, weight_copies=1).predicted
+    auto = plan_graph(a14b, parse_mesh(mesh), hw, num_blocks=40, weight_sets=1).predicted
     assert auto.step_seconds <= hand.step_seconds

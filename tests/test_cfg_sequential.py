@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from planner.autoplan import plan_graph
-from planner.cfg import NOT_RUN_BY_CALLER, CfgSequential, plan_dit
+from planner.cfg import NOT_RUN_BY_CALLER, CfgSequential, plan_dit, runs_as_two_forwards
 from planner.mesh import parse_mesh
 
 from conftest import meta_graph
@@ -38,12 +38,9 @@ def pair_graph(tiny_model):
 
 def _decide(graph, mesh, hw, **kwargs):
     """The CFG record of an ``auto`` plan where the caller can run two forwards, and the plan (None when
-    two batch-1 forwards won: `CfgSequential`)."""
-    try:
-        plan = plan_dit(graph, parse_mesh(mesh), hw, cfg_parallel="auto", sequential=True, **kwargs)
-    except CfgSequential as e:
-        return e.record, None
-    return plan.cfg_parallel, plan
+    two batch-1 forwards won: the plan decides ``sequential``, `runs_as_two_forwards`)."""
+    plan = plan_dit(graph, parse_mesh(mesh), hw, cfg_parallel="auto", cfg_pair_splittable=True, **kwargs)
+    return plan.cfg_parallel, None if runs_as_two_forwards(plan) else plan
 
 
 @pytest.mark.parametrize("mesh,budget", [("2x4", 0.00035), ("2x4", 0.00025), ("8x4", 0.00025)])
@@ -82,10 +79,11 @@ def test_where_no_batch2_plan_fits_auto_runs_two_forwards(pair_graph, tiny_captu
         plan_graph(pair_graph, mesh, "wh-loudbox", memory_gb=1e-6)
     assert one.value.need_gb < two.value.need_gb
     budget = (one.value.need_gb + two.value.need_gb) / 2
-    with pytest.raises(CfgSequential, match="two batch-1 forwards") as info:
-        plan_dit(pair_graph, mesh, "wh-loudbox", memory_gb=budget, sequential=True)
-    c = info.value.record
+    plan = plan_dit(pair_graph, mesh, "wh-loudbox", memory_gb=budget, cfg_pair_splittable=True)
+    assert runs_as_two_forwards(plan)  # a decision in the plan, not an error
+    c = plan.cfg_parallel
     assert c.chosen == "sequential" and c.option("sequential").feasible
+    assert "two batch-1 forwards" in str(CfgSequential.of(plan))  # what the backend answers its caller
     assert not c.option("off").feasible and "no plan fits" in c.option("off").reason
 
 
@@ -98,7 +96,7 @@ def test_without_a_caller_that_splits_the_pair_sequential_is_priced_not_taken(pa
     # "off" and "on" never take it
     for mode in ("off", "on"):
         assert plan_dit(pair_graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00035, cfg_parallel=mode,
-                        sequential=True).cfg_parallel.chosen != "sequential"  # fmt: skip
+                        cfg_pair_splittable=True).cfg_parallel.chosen != "sequential"  # fmt: skip
 
 
 def test_the_unsplit_pair_keeps_sequence_parallel(pair_graph):
@@ -137,7 +135,7 @@ def a14b_480p():
 def test_full_size_a14b_auto_is_never_slower_than_two_batch1_forwards(a14b_480p, mesh, hw):
     """Both experts resident (the A14B pipeline's budget)."""
     g1, g2 = a14b_480p
-    kwargs = dict(num_blocks=40, weight_copies=2)
+    kwargs = dict(num_blocks=40, weight_sets=2)
     two = 2 * plan_graph(g1, parse_mesh(mesh), hw, **kwargs).predicted.step_seconds
     c, _ = _decide(g2, mesh, hw, **kwargs)
     assert c.option(c.chosen).step_seconds <= two * (1 + TOLERANCE)
@@ -147,25 +145,24 @@ def test_full_size_a14b_auto_is_never_slower_than_two_batch1_forwards(a14b_480p,
 
 
 def test_the_pipeline_runs_two_forwards_when_auto_chooses_them():
-    """compile_pipeline's CFG wrapper under "auto" tells the backend it can run the pair as two forwards
-    (`wancompile.backend.CFG_PAIR_SPLITTABLE`, read by the backend's `plan_dit(..., sequential=...)`); when the
-    planner chooses that (`CfgSequential`), every later step runs cond and uncond as diffusers does. Under
-    "on" the wrapper does not offer it."""
+    """compile_pipeline's CFG wrapper under "auto" compiles the batch-2 forward with the backend option
+    ``cfg_pair_splittable`` (the request's field: the caller can run the pair as two forwards); when the plan
+    decides that (`runs_as_two_forwards`), the backend answers `CfgSequential` carrying the plan, and every later
+    step runs cond and uncond as diffusers does. Under "on" the option is not given."""
     import numpy as np
 
-    from wancompile.backend import CFG_PAIR_SPLITTABLE
     from wancompile.models import build_tiny_pipeline, tiny_pipeline_inputs
     from wancompile.pipeline import CFGBatched, _capture_negative_prompt, _CFGState
 
     class Planner(torch.nn.Module):  # stands in for the compiled transformer: the batch-2 plan's decision
-        def __init__(self, module, record):
+        def __init__(self, module, plan, splittable):
             super().__init__()
-            self.module, self.record, self.calls = module, record, []
+            self.module, self.plan, self.splittable, self.calls = module, plan, splittable, []
 
         def forward(self, hidden_states, *args, **kwargs):
-            self.calls.append((hidden_states.shape[0], CFG_PAIR_SPLITTABLE.get()))
-            if hidden_states.shape[0] == 2 and CFG_PAIR_SPLITTABLE.get():
-                raise RuntimeError("backend failed") from CfgSequential("two batch-1 forwards win", self.record)
+            self.calls.append((hidden_states.shape[0], self.splittable))
+            if hidden_states.shape[0] == 2 and self.splittable:
+                raise CfgSequential("two batch-1 forwards win", self.plan)
             return self.module(hidden_states, *args, **kwargs)
 
     def run(pipe):
@@ -175,12 +172,14 @@ def test_the_pipeline_runs_two_forwards_when_auto_chooses_them():
     pipe = build_tiny_pipeline(two_experts=False)
     pipe.set_progress_bar_config(disable=True)
     ref = run(pipe)
-    from planner.plan import CfgOption, CfgParallel
+    from planner.plan import CfgOption, CfgParallel, Plan
 
     mesh = parse_mesh("2x4")
     record = CfgParallel("auto", "sequential", mesh, 2, (CfgOption("sequential", mesh, step_seconds=1.0),))
+    plan = Plan("wan-dit", mesh, {}, cfg_parallel=record)
+    assert runs_as_two_forwards(plan)
     for mode in ("auto", "on"):
-        cfg, inner = _CFGState(mode), Planner(pipe.transformer, record)
+        cfg, inner = _CFGState(mode), Planner(pipe.transformer, plan, splittable=mode == "auto")
         _capture_negative_prompt(pipe, cfg)
         original, pipe.transformer = pipe.transformer, CFGBatched(inner, pipe.transformer, cfg)
         try:
@@ -188,10 +187,9 @@ def test_the_pipeline_runs_two_forwards_when_auto_chooses_them():
         finally:
             pipe.transformer = original
             del pipe.__dict__["encode_prompt"]
-        assert not CFG_PAIR_SPLITTABLE.get()  # reset after the call
         if mode == "auto":
             assert cfg.unbatched == "two batch-1 forwards win" and cfg.batched == 0
-            assert inner.calls == [(2, True)] + [(1, False)] * 6  # then 3 steps x (cond, uncond)
+            assert inner.calls == [(2, True)] + [(1, True)] * 6  # then 3 steps x (cond, uncond)
             assert np.array_equal(out, ref)
         else:
             assert cfg.unbatched is None and cfg.batched == 3 and inner.calls == [(2, False)] * 3

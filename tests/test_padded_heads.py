@@ -16,6 +16,7 @@ import torch
 from planner.autoplan import plan_graph
 from planner.mesh import MeshSpec
 from planner.plan import HeadPadding, PlanError
+from planner.request import PlanRequest
 from wancompile.verify import compare_collectives, numerics, run_with_backend
 
 from conftest import capture
@@ -49,7 +50,7 @@ def graph12():
     from wancompile.capture import annotate, capture_module
 
     _, gm = capture_module(model12("meta"), **inputs(device="meta"), return_dict=False, model="tiny12")
-    gm, _ = rewrite_graph(gm, MeshSpec((1, 8), ("batch", "model")), ("qkv", "rmsnorm", "rope"))
+    gm, _ = rewrite_graph(gm, PlanRequest.make(MeshSpec((1, 8), ("batch", "model"))), ("qkv", "rmsnorm", "rope"))
     graph = annotate(gm, model="tiny12")
     return gm, graph, HeadPadder(gm, graph)
 
@@ -67,7 +68,7 @@ def test_the_padded_graph_computes_the_model(rewrites):
 
     model, x = model12(), inputs(frames=5, side=16)
     ((gm, example),) = capture(lambda **k: model(**k, return_dict=False), **x)
-    gm, _ = rewrite_graph(gm, MeshSpec((1, 8), ("batch", "model")), rewrites)
+    gm, _ = rewrite_graph(gm, PlanRequest.make(MeshSpec((1, 8), ("batch", "model"))), rewrites)
     padded = torch.fx.GraphModule(gm, gm.graph.__deepcopy__())
     report = pad_heads(padded, {"*.attn1": 16, "*.attn2": 16})
     padded.recompile()
@@ -142,7 +143,7 @@ def test_the_padded_option_is_priced_on_the_padded_shapes(graph12):
 
     _, graph, padder = graph12
     mesh, hw = MeshSpec((1, 8), ("batch", "model")), get_profile("tpu-v6e-8")
-    family = DitFamily(graph, mesh, hw, pad_heads=padder)
+    family = DitFamily(graph, PlanRequest.make(mesh, hw, pad_heads=padder))
     attn1 = next(m for m in family.st.block_macros if m.name == "attn1")
     padded, attn1_16 = family.variant("attn1")
     assert (attn1.width, attn1_16.width) == (12, 16)

@@ -223,7 +223,7 @@ def test_rediscovers_megatron_on_1x4(a14b):
 def test_auto_plan_never_worse_than_hand_plan(a14b):
     for mesh, hw in (("2x4", "wh-loudbox"), ("8x4", "bh-galaxy")):
         m = parse_mesh(mesh)
-        auto = plan_graph(a14b, m, hw, num_blocks=40, weight_copies=2, memory_gb=1000)
+        auto = plan_graph(a14b, m, hw, num_blocks=40, weight_sets=2, memory_gb=1000)
         hand = price_plan(a14b, tt_xla_plan(a14b, m), hw, num_blocks=40, weight_copies=2)
         assert auto.predicted.step_seconds <= hand.step_seconds * 1.0001, (mesh, hw, auto.predicted, hand)
 
@@ -234,7 +234,7 @@ def test_the_tt_xla_hand_plan_is_a_preset_of_the_same_engine(a14b):
     seed's hand-written specs priced by the engine, every other option excluded with that reason."""
     for mesh, hw in (("2x4", "wh-loudbox"), ("8x4", "bh-galaxy")):
         m = parse_mesh(mesh)
-        preset = plan_graph(a14b, m, hw, num_blocks=40, weight_copies=2, memory_gb=1000, preset="tt-xla")
+        preset = plan_graph(a14b, m, hw, num_blocks=40, weight_sets=2, memory_gb=1000, preset="tt-xla")
         hand = price_plan(a14b, tt_xla_plan(a14b, m), hw, num_blocks=40, weight_copies=2)
         assert preset.predicted.step_seconds == pytest.approx(hand.step_seconds, rel=1e-6), mesh
         assert preset.predicted.comm_seconds == pytest.approx(hand.comm_seconds, rel=1e-6), mesh

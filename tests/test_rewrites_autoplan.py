@@ -22,6 +22,7 @@ import pytest
 from planner.mesh import parse_mesh
 from planner.placements import Layout
 from planner.placements import shard_count as mesh_devices
+from planner.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -74,7 +75,7 @@ def compile_case(mesh: str, name: str, options: dict, only) -> dict:
     if only is not None:
         _, gm = capture_module(model, **inputs, return_dict=False, model="wan-dit")
         spec = parse_mesh(mesh)
-        gm, records = rewrite_graph(gm, spec, Options.from_user(options).rewrites)
+        gm, records = rewrite_graph(gm, PlanRequest.make(spec), Options.from_user(options).rewrites)
         plan = plan_graph(annotate(gm, model="wan-dit"), spec, default_hardware(spec), only=only)
         path = Path(tempfile.mkdtemp(prefix="wancompile-rewrites-plan-")) / f"{name}.plan.json"
         options["plan"] = str(save_plan(plan.with_(rewrites=records), path))
@@ -282,7 +283,7 @@ def test_vae_with_every_rewrite_compiles_to_its_spatial_plan(case, only, tmp_pat
     vae = wvae.enable_full_t(build_vae("tiny-wan2.1"))
     z = torch.randn(1, vae.config.z_dim, 3, 8, 8, generator=torch.Generator().manual_seed(0))
     spec = parse_mesh("2x4")
-    gm, records = rewrite_graph(capture_fx(vae.decode, z), spec, PASS_NAMES)
+    gm, records = rewrite_graph(capture_fx(vae.decode, z), PlanRequest.make(spec), PASS_NAMES)
     assert {r.name: r.count for r in records if r.count} == {"rmsnorm": 22, "conv1x1": 5}
     graph = annotate(fold_conv_padding(gm)[0], model="wan-vae")
     plan = plan_vae(graph, spec, default_hardware(spec), preset="spatial", only=only)

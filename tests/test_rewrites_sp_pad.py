@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from expecttest import assert_expected_inline
 from torch.fx.interpreter import Interpreter
 
+from planner.request import PlanRequest
 from rewrites import RewriteContext, apply_rewrites
 from rewrites._core import SDPA, module_path
 
@@ -194,7 +195,7 @@ def test_a_padding_the_backend_could_not_do_is_warned_and_on_the_plans_record(ca
 
     gm, _ = stack_graph(hard_coded_tokens=5)
     with caplog.at_level(logging.WARNING, logger="wancompile"):
-        _, (record,) = rewrite_graph(gm, parse_mesh("2x4"), ("sp_pad",))
+        _, (record,) = rewrite_graph(gm, PlanRequest.make(parse_mesh("2x4")), ("sp_pad",))
     (reason,) = record.skipped
     assert (record.name, record.count) == ("sp_pad", 0) and reason.startswith("blocks.0: x does not accept")
     assert reason in caplog.text

@@ -35,7 +35,7 @@ def a14b_720p():
 
 
 def _galaxy(graph, target: str) -> Plan:
-    return plan_graph(graph, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_copies=2, target=target)
+    return plan_graph(graph, parse_mesh("8x4"), "wh-galaxy", num_blocks=40, weight_sets=2, target=target)
 
 
 def _attn1(plan: Plan):

@@ -34,8 +34,8 @@ def a14b_720p():
 
 def _plans(graph, **kw):
     mesh, hw = parse_mesh(MESH), score_profile()
-    auto = plan_graph(graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2, **kw)
-    hand = tt_xla_plan(graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_copies=2)
+    auto = plan_graph(graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_sets=2, **kw)
+    hand = tt_xla_plan(graph, mesh, hw, num_blocks=FULL_BLOCKS, weight_sets=2)
     return auto, hand
 
 

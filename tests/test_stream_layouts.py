@@ -90,8 +90,8 @@ def test_on_galaxy_the_stream_stays_hidden_split_and_pays_for_itself(a14b_720p, 
     (STATE B) through every block; forbidden that (STATE A, the seed's layout), it is >= 15% slower
     under the same rules, for about the same bytes on the wire (AG + RS = AR)."""
     mesh = parse_mesh("8x4")
-    b = plan_graph(a14b_720p, mesh, hw, num_blocks=40, weight_copies=2)
-    a = plan_graph(a14b_720p, mesh, hw, num_blocks=40, weight_copies=2, stream_layouts=False)
+    b = plan_graph(a14b_720p, mesh, hw, num_blocks=40, weight_sets=2)
+    a = plan_graph(a14b_720p, mesh, hw, num_blocks=40, weight_sets=2, stream_layouts=False)
     assert _states(b) == {"attn1": "STATE B", "attn2": "STATE B", "ffn": "STATE B"}, b.decisions
     assert set(_states(a).values()) == {"STATE A"}, a.decisions
     assert all(d.stream == "(S(1), S(2))" for d in b.decisions if d.in_block)  # tokens on batch, D on model

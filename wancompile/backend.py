@@ -18,39 +18,31 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from enum import Enum
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
 import torch
 import torch.fx as fx
 
+from planner.cfg import CfgSequential, runs_as_two_forwards
 from planner.graph import Graph
-from planner.hardware import default_hardware  # the one default rule (docs/errors.md, README)
+from planner.hardware import default_hardware as default_hardware  # re-exported: the one default rule
 from planner.mesh import MeshSpec
-from planner.plan import InfeasiblePlanError, Plan, PlanError, RewriteRecord
+from planner.plan import InfeasiblePlanError, Plan, PlanError, RewriteRecord, load_plan
+from planner.request import PlanRequest
 from wancompile import runtime
 from wancompile.capture import annotate
-from wancompile.cfg_context import CFG_PAIR_SPLITTABLE as CFG_PAIR_SPLITTABLE  # re-exported
-from wancompile.cfg_context import cfg_pair_splittable as cfg_pair_splittable
 from wancompile.options import Options
-from wancompile.planning import HeadPadder, plan_for, solved_plan, symbol_values
+from wancompile.planning import HeadPadder, plan_for, request_for, solved_plan, symbol_values
 from wancompile.planning import replicated_plan as replicated_plan
 from wancompile.planning import solve as solve
+from wancompile.programs import Component as Component  # re-exported
+from wancompile.programs import last_program as last_program
+from wancompile.programs import recent_programs as recent_programs
+from wancompile.programs import remember
 from wancompile.wrappers import _GuardedProgram, _Verifying
 
 log = logging.getLogger("wancompile")
-
-_RECENT: list = []  # the last programs compiled in this process, newest last: read through `recent_programs`
-
-
-class Component(str, Enum):
-    """What a captured graph is, as the backend recognises it (`ShardedProgram.kind`); the value is the
-    model name its plan carries."""
-
-    DIT = "wan-dit"  # a Wan DiT forward (repeated attention blocks)
-    VAE = "wan-vae"  # a Wan VAE decode
-    GRAPH = "graph"  # anything else: runs replicated
 
 
 @dataclass(frozen=True)
@@ -62,18 +54,6 @@ class CompileTimes:
     plan_s: float
     lower_s: float
     plan_cached: bool  # the plan came from the plan cache (`wancompile.cache`)
-
-
-def last_program():
-    """The most recently compiled `ShardedProgram` (plan, HLO path, verification), for inspection."""
-    if not _RECENT:
-        raise RuntimeError("no graph has been compiled with backend='wan_autoshard' in this process yet")
-    return _RECENT[-1]
-
-
-def recent_programs(kind: Optional[Component] = None) -> list:
-    """The programs compiled in this process, oldest first (the last eight); of one `Component` if `kind`."""
-    return [p for p in _RECENT if kind is None or p.kind is kind]
 
 
 def wan_autoshard(
@@ -93,65 +73,70 @@ def wan_autoshard(
 def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callable:
     opts = Options.from_user(options)
     _start_runtime(opts)
-    from planner.targets import get_target
-    from wancompile.lowering import ShardedProgram, mesh_for_plan, mesh_spec_of, xla_mesh
+    from planner.families import family_of
+    from wancompile.lowering import ShardedProgram, mesh_for_plan, xla_mesh
 
+    saved = load_plan(opts.plan) if isinstance(opts.plan, Path) else None
     asked = opts.mesh or MeshSpec((1, runtime.device_count()), ("batch", "model"))
-    mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(get_target(opts.resolved_target).runs_on(asked))
-    mesh = mesh_spec_of(mesh_obj) if opts.mesh is None or opts.xla_mesh is None else opts.mesh
-    model = _model_name(gm)
-    gm, records = rewrite_graph(gm, mesh, opts.rewrites, opts.hardware)
-    if (
-        model is Component.VAE
-    ):  # causal convs' H/W zero padding inside the conv: clean halos (wancompile/vae/legalize.py)
+    # the one request this compile plans, lowers and checks under: hardware and target resolved here, once
+    request = request_for(
+        opts, asked, target=opts.target or (saved.target if saved else None), on_target_mesh=opts.xla_mesh is None
+    )
+    mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(request.mesh)
+    gm, records = rewrite_graph(gm, request, opts.rewrites)
+    graph = annotate(gm)
+    family = family_of(graph)  # what the graph is: the planner's one dispatcher (planner.families)
+    model = Component.of(family.name if family is not None else None)
+    # a VAE decode: its causal convs' H/W zero padding inside the conv, for clean halos (wancompile/vae/legalize.py)
+    if model is Component.VAE:
         from wancompile.vae.legalize import fold_conv_padding
 
         gm, _ = fold_conv_padding(gm)
-    graph = annotate(gm, model=model.value)
+        graph = annotate(gm)
+    graph.model = str(getattr(model, "value", model))
     padder = HeadPadder(gm, graph)
+    request = request.variant(values=symbol_values(gm), pad_heads=padder)
     started = time.perf_counter()
     try:
-        plan, cached = plan_for(graph, mesh, opts, symbol_values(gm), padder)
+        plan, cached = plan_for(graph, request, opts, saved)
     except InfeasiblePlanError as e:
         raise _with_rewrites(e, records) from None
     plan_s = time.perf_counter() - started
+    if runs_as_two_forwards(plan):  # the planner's decision: the caller runs the CFG pair as two forwards
+        raise CfgSequential.of(plan)
     unpadded = graph
     gm, graph = padder.graphs(plan.head_padding)  # the graph the plan names: heads padded where it chose
-    if isinstance(opts.plan, Path):
+    if saved is not None:
         _check_rewrites(plan, opts)
     elif records:
         plan = plan.with_(rewrites=records)
-    saved = plan.target
-    plan = plan.with_(target=opts.target or (plan.target if isinstance(opts.plan, Path) else opts.resolved_target))
-    if isinstance(opts.plan, Path) and plan.target != saved:
-        _check_retarget(graph, plan, saved, opts.plan)
-    _refuse_ring_attention(plan)
+    plan = plan.with_(target=request.target.name)
+    if saved is not None and plan.target != saved.target:
+        _check_retarget(graph, plan, saved.target, request, opts.plan)
+    _refuse_ring_attention(plan, request)
     plan.check(graph, unpadded=unpadded)
-    if plan.target != "gspmd":
+    if not request.target.modelled_by_rules:  # its own prediction of the collectives (planner.pins)
         from planner.pins import target_collectives
 
-        hw = plan.hardware or opts.hardware or default_hardware(plan.mesh)
-        plan = plan.with_(target_collectives=target_collectives(graph, plan, hw))
+        plan = plan.with_(target_collectives=target_collectives(graph, plan, request))
     if opts.dump_dir is not None:
         _dump(opts.dump_dir, graph, plan)
 
     def lower(plan: Plan):
         from planner.pins import pin_layouts
-        from planner.targets import get_target
 
-        target = get_target(plan.target)
+        target = request.target
         if target.pinned:  # the partitioner may choose nothing the plan decided (planner.pins)
-            plan = pin_layouts(graph, plan, plan.hardware or opts.hardware or default_hardware(plan.mesh))
+            plan = pin_layouts(graph, plan, request)
         started = time.perf_counter()
         xmesh = mesh_for_plan(mesh_obj, plan.mesh)  # CFG split: 3-D view
-        program = ShardedProgram(gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model)
+        program = ShardedProgram(gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model, target=target)
         program.compile_times = CompileTimes(plan_s, time.perf_counter() - started, cached)
-        if opts.dump_dir is not None and target.name == "tt-mlir":
+        if opts.dump_dir is not None and target.exports_shardy:
             from wancompile.tt.export import ShardyExport
 
             program.stablehlo_sink = ShardyExport(opts.dump_dir, program_name(plan), plan, xmesh, specs=program.specs)
-        _RECENT.append(program)
-        del _RECENT[:-8]
+        remember(program)
         log.info("wan_autoshard: %s", plan.summary().replace("\n", "; "))
         return _Verifying(program) if opts.verify else program
 
@@ -166,28 +151,26 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
                 f"the saved plan {opts.plan} assumes {', '.join(map(str, plan.guards))}, which sizes {values} "
                 "break; plan without the `plan` option (or save one per resolution)"
             )
-        new, _ = solved_plan(unpadded, mesh, opts, values, padder)
+        new, _ = solved_plan(unpadded, request.variant(values=values), opts.cache_dir)
         if new.head_padding != plan.head_padding:
             raise PlanError(
                 f"re-planning for sizes {values} changed the padded attention heads ({plan.head_padding or 'none'} -> "
                 f"{new.head_padding or 'none'}), which this compiled graph cannot follow; compile once per resolution "
                 "(without dynamic=True)"
             )
-        _refuse_ring_attention(new)
+        _refuse_ring_attention(new, request)
         return lower(new)
 
     return _GuardedProgram(program, plan, symbols, replan, symbol_values(gm))
 
 
-def _refuse_ring_attention(plan: Plan) -> None:
+def _refuse_ring_attention(plan: Plan, request: PlanRequest) -> None:
     """Raise PlanError for a plan that runs ring attention (`Plan.ring_attention`): no lowering here writes
     one, and its constraints alone would make the partitioner gather K/V, a program without the ring."""
     rings = plan.ring_attention
     if not rings:
         return
-    from planner.targets import get_target
-
-    target = get_target(plan.target)
+    target = request.target
     why = target.no_ring_attention or "wancompile's lowering does not write ring attention yet"
     raise PlanError(
         "the plan runs ring attention at "
@@ -205,20 +188,19 @@ def program_name(plan: Plan) -> str:
 
 
 def rewrite_graph(
-    gm: fx.GraphModule, mesh: MeshSpec, rewrites: tuple[str, ...], hardware: Optional[str] = None
+    gm: fx.GraphModule, request: PlanRequest, rewrites: tuple[str, ...]
 ) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
     """Run the `rewrites` (pass names) on a copy of dynamo's graph, as the backend does before
-    planning; sp_pad pads tokens to a multiple of the SP degree (the first mesh axis) times the
-    hardware's tile. Returns the graph and the records a plan made for it carries."""
+    planning; sp_pad pads tokens to a multiple of the SP degree (the first axis of the request's mesh)
+    times the hardware's tile. Returns the graph and the records a plan made for it carries."""
     if not rewrites:
         return gm, ()
-    from planner.hardware import resolve_hardware
     from rewrites import RewriteContext, apply_rewrites
 
+    mesh = request.mesh
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
-    tile = resolve_hardware(hardware, mesh).tile
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
-    gm, reports = apply_rewrites(gm, rewrites, RewriteContext(sp_multiple=sp * tile))
+    gm, reports = apply_rewrites(gm, rewrites, RewriteContext(sp_multiple=sp * request.hw.tile))
     gm.recompile()
     for r in reports:  # a pass that left a candidate unchanged says so (and the plan records it)
         for reason in r.skipped:
@@ -270,20 +252,12 @@ def _start_runtime(opts: Options) -> None:
     runtime.require_spmd()
 
 
-def _model_name(gm: fx.GraphModule) -> Component:
-    targets = [str(n.target) for n in gm.graph.nodes if n.op == "placeholder"]
-    if any("decoder_modules_conv_in" in t for t in targets):
-        return Component.VAE
-    return Component.DIT if any("blocks_modules_0" in t for t in targets) else Component.GRAPH
-
-
-def _check_retarget(graph: Graph, plan: Plan, saved: str, path: Path) -> None:
+def _check_retarget(graph: Graph, plan: Plan, saved: str, request: PlanRequest, path: Path) -> None:
     """A saved plan compiled for another target than it was made for: fine unless it splits convs
     spatially and the two targets get their halos differently (its collectives would not be the program's)."""
-    from planner.targets import get_target
     from planner.vae_plan import halo_convs
 
-    if get_target(saved).spatial_halo == get_target(plan.target).spatial_halo:
+    if request.target.halos_as(saved):
         return
     convs = halo_convs(graph, plan)
     if convs:

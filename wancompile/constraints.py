@@ -21,7 +21,7 @@ from planner.graph import Graph
 from planner.mesh import PartitionSpec
 from planner.pins import PIN_REASONS, READ_PIN_REASON
 from planner.plan import Plan, PlanError
-from planner.targets import get_target
+from planner.targets import Target
 from wancompile import meshes
 from wancompile.legalize import layer_norm_decomposed
 
@@ -148,7 +148,7 @@ def _surviving_readers(graph: Graph, fx_nodes: dict, name: str) -> list[fx.Node]
     return [r for u in graph.users(name) for r in _surviving_readers(graph, fx_nodes, u.name)]
 
 
-def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) -> fx.GraphModule:
+def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, target: Target) -> fx.GraphModule:
     """Return a copy of `gm` with a sharding-constraint call after every constrained op (in plan
     order where one op has several) and, for constraints on an op's input, a constrained copy of
     that input before its first reader (readers of one value with one spec share the copy). The
@@ -161,7 +161,7 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any) 
     key = _register(mesh)
     last: dict[fx.Node, fx.Node] = {}  # op -> its last constraint call so far
     pinned = _pinned_decompositions()
-    halos = {} if get_target(plan.target).spatial_halo else _HALO_CONVS
+    halos = {} if target.spatial_halo else _HALO_CONVS  # the program carries the halo where the target does not
     specs: set = set()
     weight_reads: set = set()
     copies: dict[tuple[fx.Node, tuple], list[fx.Node]] = {}  # (value, spec) -> readers

@@ -31,6 +31,8 @@ import torch.fx as fx
 from planner.graph import Graph
 from planner.mesh import PartitionSpec
 from planner.plan import Plan, replicated_params
+from planner.request import PlanRequest
+from planner.targets import Target
 from wancompile.constraints import insert_constraints
 from wancompile.hlo_record import HloRecord, program_key
 from wancompile.legalize import legalize, place_factories
@@ -48,8 +50,10 @@ class ShardedProgram:
     (`wancompile.fold`): computed on the device once per parameter version, then read by the main
     program as extra inputs. ``fold=False`` keeps them in-graph (the backend's ``fold_parameters`` option).
 
-    ``kind`` is what the backend captured (``"wan-dit"``, ``"wan-vae"``, ``"graph"``: `wancompile.backend.
-    Component`), for callers that look for one component among the programs compiled.
+    ``kind`` is what the backend captured (``"wan-dit"``, ``"wan-vae"``, ``"graph"``: `wancompile.programs.
+    Component`, or the name of a planner family registered since: `planner.families`), for callers that look
+    for one component among the programs compiled. ``target``: the partitioner the program is for (its
+    request's, `planner.request.PlanRequest`); None: the plan's.
     ``stablehlo_sink`` is called as sink(program, output tensors) when the main ("main") or fold ("fold")
     program traces, before XLA compiles it: `wancompile.tt.export.ShardyExport` writes it for tt-mlir."""
 
@@ -63,6 +67,7 @@ class ShardedProgram:
         legalize_ops: bool = True,
         fold: bool = True,
         kind: str = "graph",
+        target: Optional[Target] = None,
     ) -> None:
         import torch_xla
 
@@ -76,7 +81,8 @@ class ShardedProgram:
         self._hlo, self._fold_hlo = HloRecord(), HloRecord()
         self.device = torch_xla.device()
         legal = place_factories(legalize(gm)[0] if legalize_ops else gm, self.device)[0]
-        self.lowered = insert_constraints(legal, graph, plan, mesh)
+        target = target if target is not None else PlanRequest.for_plan(plan).target
+        self.lowered = insert_constraints(legal, graph, plan, mesh, target)
         # every layout the program marks: the plan's, and those of ops written out with pinned intermediates
         self.specs = frozenset(
             {tuple(s) for s in plan.params.values()}

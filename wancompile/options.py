@@ -49,6 +49,10 @@ class Options:
     weight_sets: int = 1
     # CFG parallel for batch-2 DiT graphs (planner.cfg): "auto" (the cost model decides), "on", "off".
     cfg_parallel: str = "auto"
+    # The caller can run a batch-2 CFG pair as two batch-1 forwards (compile_pipeline's CFG wrapper sets it under
+    # cfg_parallel="auto"; internal, `_INTERNAL`): the planner may then decide ``sequential`` (planner.cfg), and
+    # the backend answers with `planner.cfg.CfgSequential` instead of compiling the batch-2 graph.
+    cfg_pair_splittable: bool = False
     # The partitioner the plan is for (planner.targets): "gspmd" or "tt-mlir"; None: `resolved_target`.
     target: Optional[str] = None
     # Compute parameter-only subgraphs (packed weights) once per parameter version (wancompile.fold); False keeps
@@ -82,7 +86,7 @@ class Options:
                     )
                 raw[name] = value
         for key, value in (options or {}).items():
-            if key not in _KNOWN:
+            if key not in _KNOWN and key not in _INTERNAL:
                 raise OptionsError(
                     f"unknown wan_autoshard option {key!r}{_did_you_mean(str(key), sorted(_KNOWN))}; known options: "
                     f"{', '.join(sorted(_KNOWN))}"
@@ -108,6 +112,9 @@ _KNOWN = frozenset(
         "cache_dir",
     }
 )
+# Options a caller inside wancompile passes, not offered to users (nor read from the environment):
+# compile_pipeline's CFG wrapper says it can run a CFG pair as two forwards (`Options.cfg_pair_splittable`).
+_INTERNAL = frozenset({"cfg_pair_splittable"})
 # WANCOMPILE_* variables that are not options (read by other parts of the project). Every other
 # variable with the prefix is taken for a misspelt option and refused; add new ones here.
 OTHER_ENV: frozenset[str] = frozenset({"WANCOMPILE_TT_PYTHON", "WANCOMPILE_TT_CACHE"})  # wancompile.tt.env
@@ -156,6 +163,7 @@ def _parse(raw: dict[str, Any]) -> Options:
 
     verify = _parse_bool("verify", raw.get("verify", False))
     fold_parameters = _parse_bool("fold_parameters", raw.get("fold_parameters", True))
+    cfg_pair_splittable = _parse_bool("cfg_pair_splittable", raw.get("cfg_pair_splittable", False))
     cache_dir = raw.get("cache_dir")
     cache_dir = None if cache_dir is None or str(cache_dir).strip().lower() in _FALSE | {"none"} else Path(cache_dir)
     cache_dir = cache_dir.expanduser() if cache_dir is not None else None
@@ -203,6 +211,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         rewrites=parse_rewrites(raw.get("rewrites", "none")),
         weight_sets=int(weight_sets),
         cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
+        cfg_pair_splittable=cfg_pair_splittable,
         target=target,
         fold_parameters=fold_parameters,
         cache_dir=cache_dir,

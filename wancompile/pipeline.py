@@ -89,7 +89,7 @@ class PipelineCompilation:
     def programs(self) -> list:
         """The DiT `ShardedProgram`s the backend compiled since `compile_pipeline` (newest last): this
         pipeline's transformers', unless other modules were compiled in between."""
-        from wancompile.backend import Component, recent_programs
+        from wancompile.programs import Component, recent_programs
 
         return [p for p in recent_programs(Component.DIT) if not any(p is q for q in self.before)]
 
@@ -161,7 +161,7 @@ def compile_pipeline(
     from wancompile.options import Options
 
     Options.from_user({**opts, "weight_sets": opts.get("weight_sets", len(names) or 1)})  # bad options fail here
-    from wancompile.backend import recent_programs
+    from wancompile.programs import recent_programs
 
     state = PipelineCompilation(
         options=dict(opts), transformers=names, vae=vae, cfg_parallel=cfg_mode != "off", before=recent_programs()
@@ -172,6 +172,8 @@ def compile_pipeline(
     dit_opts = dict(opts, weight_sets=opts.get("weight_sets", len(names)))
     if cfg_mode != "off":
         dit_opts["cfg_parallel"] = cfg_mode  # the batch-2 graph's split, costed by planner.cfg
+    if cfg_mode == "auto":  # `CFGBatched` can run the pair as two forwards: the planner may decide that
+        dit_opts["cfg_pair_splittable"] = True
     if dump is not None:  # the backend's dumps (plan, HLO) of the DiT graph(s); `_ExpertDumps` adds one per expert
         dit_opts["dump_dir"] = str(dump / names[0] if names else dump / TRANSFORMERS[0])
         state.dumps = _ExpertDumps(dump, state)
@@ -180,7 +182,7 @@ def compile_pipeline(
         _capture_negative_prompt(pipe, state.cfg)
     # the calls `CFGBatched` does not batch (a pipeline passing more inputs, e.g. SkyReels-V2's diffusion
     # forcing, or one without cache contexts, e.g. ChronoEdit) are no CFG pair: planned without cfg_parallel
-    plain_opts = {k: v for k, v in dit_opts.items() if k != "cfg_parallel"}
+    plain_opts = {k: v for k, v in dit_opts.items() if k not in ("cfg_parallel", "cfg_pair_splittable")}
     for name in names:
         module = getattr(pipe, name)
         state.originals[name] = module

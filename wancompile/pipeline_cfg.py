@@ -130,32 +130,31 @@ class CFGBatched(torch.nn.Module):
             and negative.shape == encoder_hidden_states.shape
         ):
             n = negative.to(device=encoder_hidden_states.device, dtype=encoder_hidden_states.dtype)
-            from wancompile.backend import cfg_pair_splittable
+            from planner.cfg import CfgSequential
+            from planner.plan import MemoryBudgetError
 
             try:
-                with cfg_pair_splittable(cfg.mode == "auto"):  # "auto" may choose two batch-1 forwards
-                    out = self.inner(
-                        hidden_states=torch.cat([hidden_states, hidden_states]),
-                        timestep=torch.cat([timestep, timestep]),
-                        encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
-                        attention_kwargs=attention_kwargs,
-                        return_dict=False,
-                    )[0]
-            except Exception as e:
-                budget = _planner_error(e, "MemoryBudgetError")
-                sequential = _planner_error(e, "CfgSequential")
-                if cfg.mode != "auto" or (budget is None and sequential is None):
+                out = self.inner(
+                    hidden_states=torch.cat([hidden_states, hidden_states]),
+                    timestep=torch.cat([timestep, timestep]),
+                    encoder_hidden_states=torch.cat([encoder_hidden_states, n]),
+                    attention_kwargs=attention_kwargs,
+                    return_dict=False,
+                )[0]
+            except (CfgSequential, MemoryBudgetError) as e:  # the backend's errors reach here as themselves
+                if cfg.mode != "auto":
                     raise
+                sequential = e if isinstance(e, CfgSequential) else None
                 # "auto": two forwards per step, the cost model's choice (planner.cfg: ``sequential`` is the
                 # cheapest option), or its answer for a CFG pair that does not fit
-                cfg.unbatched = str(sequential or budget)
+                cfg.unbatched = str(e)
                 if sequential is not None:
                     log.info("compile_pipeline: %s", sequential)
                 else:
                     log.warning(
                         "compile_pipeline: no batch-2 plan fits memory (%s); running cond and uncond as two "
                         "forwards per step",
-                        budget,
+                        e,
                     )
                 return self.forward(
                     hidden_states,
@@ -179,20 +178,6 @@ class CFGBatched(torch.nn.Module):
             attention_kwargs=attention_kwargs,
             **kwargs,
         )
-
-
-def _planner_error(e: BaseException, name: str):
-    """The planner's error of class `name` (`MemoryBudgetError`, `planner.cfg.CfgSequential`) behind `e`
-    (dynamo wraps backend errors), else None."""
-    from planner.cfg import CfgSequential
-    from planner.plan import MemoryBudgetError
-
-    cls = {"MemoryBudgetError": MemoryBudgetError, "CfgSequential": CfgSequential}[name]
-    while e is not None:
-        if isinstance(e, cls):
-            return e
-        e = getattr(e, "inner_exception", None) or e.__cause__
-    return None
 
 
 def _output(sample: torch.Tensor, return_dict: bool):

@@ -47,20 +47,17 @@ class _BudgetedDecode:
         self.splits: dict[tuple, tuple[int, int]] = {}  # latent shape -> the plan's (H, W) split, once planned
 
     def budget_bytes(self) -> int:
-        from planner.hardware import resolve_hardware
+        from planner.mesh import MeshSpec
         from wancompile.options import Options
+        from wancompile.planning import request_for
 
         opts = Options.from_user(self.opts)
-        if opts.memory_gb is not None:
-            budget = opts.memory_gb * 1e9
-        else:
-            mesh = opts.mesh
-            if opts.hardware is None and mesh is None:
-                from planner.mesh import MeshSpec
-                from wancompile import runtime
+        mesh = opts.mesh
+        if mesh is None:
+            from wancompile import runtime
 
-                mesh = MeshSpec((1, runtime.device_count()), ("batch", "model"))
-            budget = float(resolve_hardware(opts.hardware, mesh).dram_bytes)
+            mesh = MeshSpec((1, runtime.device_count()), ("batch", "model"))
+        budget = request_for(opts, mesh).budget_bytes  # memory_gb, else the hardware's DRAM
         return int(budget - resident_weight_bytes(self.state.programs()))
 
     def choose(self, z: torch.Tensor, split: tuple[int, int] = (1, 1)) -> Optional[int]:
@@ -71,7 +68,7 @@ class _BudgetedDecode:
         )
 
     def __call__(self, z: torch.Tensor, return_dict: bool = True):
-        from wancompile.backend import Component, recent_programs
+        from wancompile.programs import Component, recent_programs
         from wancompile.vae.decode import _T_CHUNK_ATTR
 
         key = (tuple(z.shape), z.dtype)

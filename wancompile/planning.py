@@ -1,22 +1,24 @@
-"""Which plan a captured graph gets (the backend's planning step): a saved ``plan.json``, the tt-xla
-preset, or the planner's (DiT, VAE decode, else replicated), solved or read from the plan cache; and
-`HeadPadder`, the head-padded graphs the DiT planner may choose between."""
+"""Which plan a captured graph gets (the backend's planning step): the one `planner.request.PlanRequest`
+a compile plans under (`request_for`, built from the backend's options), and the plan for it: a saved
+``plan.json``, the tt-xla preset, or its family's planner (`planner.families`: DiT, VAE decode; else
+replicated), solved or read from the plan cache; and `HeadPadder`, the head-padded graphs the DiT planner
+may choose between."""
 
 from __future__ import annotations
 
 import fnmatch
 import logging
+from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import torch
 import torch.fx as fx
 
 from planner.graph import Graph
-from planner.hardware import default_hardware
 from planner.mesh import MeshSpec
-from planner.plan import Plan, PlanError, load_plan, replicated_params
+from planner.plan import Plan, PlanError, replicated_params
+from planner.request import PlanRequest
 from wancompile.capture import annotate
-from wancompile.cfg_context import CFG_PAIR_SPLITTABLE
 from wancompile.options import Options
 
 log = logging.getLogger("wancompile")
@@ -61,17 +63,37 @@ class HeadPadder:
         return self._made[key]
 
 
-def plan_for(
-    graph: Graph, mesh: MeshSpec, opts: Options, values: dict[str, int], padder: HeadPadder
-) -> tuple[Plan, bool]:
-    """The plan for `graph` (`values`: its symbolic sizes, `symbol_values`) and whether it came from the
-    plan cache (`wancompile.cache`)."""
-    if opts.plan == "tt-xla":
-        from planner.hand_plans import tt_xla_plan  # the tt-xla preset through the engine
+def request_for(
+    opts: Options, mesh: MeshSpec, *, target: Optional[str] = None, on_target_mesh: bool = False, **fields: Any
+) -> PlanRequest:
+    """The one request a compile plans under (`planner.request.PlanRequest`), from the backend's options:
+    its hardware, target (`target`, else `Options.resolved_target`), budget, weight sets, CFG mode and
+    whether the caller can split a CFG pair;
+    `fields` add the rest (``values``, ``pad_heads``, ``num_blocks``). `on_target_mesh`: `mesh` as the
+    target's partitioner accepts it (`planner.targets.Target.runs_on`)."""
+    return PlanRequest.make(
+        mesh,
+        opts.hardware,
+        target or opts.resolved_target,
+        on_target_mesh=on_target_mesh,
+        memory_gb=opts.memory_gb,
+        weight_sets=opts.weight_sets,
+        cfg_parallel=opts.cfg_parallel,
+        cfg_pair_splittable=opts.cfg_pair_splittable,
+        **fields,
+    )
 
-        return tt_xla_plan(graph, mesh, opts.hardware or default_hardware(mesh), values=values), False
-    if opts.plan is not None:
-        plan = load_plan(opts.plan)
+
+def plan_for(graph: Graph, request: PlanRequest, opts: Options, saved: Optional[Plan] = None) -> tuple[Plan, bool]:
+    """The plan for `graph` under `request` (`saved`: the plan.json the ``plan`` option names, loaded) and
+    whether it came from the plan cache (`wancompile.cache`)."""
+    mesh = request.mesh
+    if opts.plan == "tt-xla":
+        from planner.hand_plans import tt_xla_request  # the tt-xla preset through the engine
+
+        return tt_xla_request(graph, request.variant(memory_gb=None)), False  # made whatever its memory
+    if saved is not None:
+        plan = saved
         if plan.user_mesh.shape != mesh.shape:
             raise PlanError(
                 f"plan {opts.plan} was made for mesh {plan.user_mesh} but this compile uses mesh {mesh}; "
@@ -91,30 +113,27 @@ def plan_for(
                 opts.weight_sets,
             )
         return plan, False
-    return solved_plan(graph, mesh, opts, values, padder)
+    return solved_plan(graph, request, opts.cache_dir)
 
 
-def solved_plan(
-    graph: Graph, mesh: MeshSpec, opts: Options, values: Optional[dict[str, int]], padder: Optional[HeadPadder]
-) -> tuple[Plan, bool]:
+def solved_plan(graph: Graph, request: PlanRequest, cache_dir: Optional[Path] = None) -> tuple[Plan, bool]:
     """`solve`'s plan, read from the plan cache when it holds one (`wancompile.cache`), and whether it did."""
     from wancompile.cache import cached_plan
 
-    settings = _plan_settings(opts, values, padder is not None)
-    return cached_plan(opts.cache_dir, graph, mesh, settings, lambda: solve(graph, mesh, opts, values, padder))
+    return cached_plan(cache_dir, graph, request.mesh, _plan_settings(request), lambda: solve(graph, request))
 
 
-def _plan_settings(opts: Options, values: Optional[dict[str, int]], padded: bool) -> dict[str, Any]:
+def _plan_settings(request: PlanRequest) -> dict[str, Any]:
     """What besides the graph and the mesh a solved plan depends on: its plan-cache key (`wancompile.cache`)."""
     return dict(
-        hardware=opts.hardware,
-        memory_gb=opts.memory_gb,
-        weight_sets=opts.weight_sets,
-        cfg_parallel=opts.cfg_parallel,
-        target=opts.resolved_target,
-        values=values or {},
-        pad_heads=padded,
-        sequential=CFG_PAIR_SPLITTABLE.get(),
+        hardware=request.hw.name,
+        memory_gb=request.memory_gb,
+        weight_sets=request.weight_sets,
+        cfg_parallel=request.cfg_parallel,
+        target=request.target.name,
+        values=dict(request.values),
+        pad_heads=request.pad_heads is not None,
+        sequential=request.cfg_pair_splittable,
     )
 
 
@@ -129,61 +148,33 @@ def symbol_values(gm: fx.GraphModule) -> dict[str, int]:
     return out
 
 
-def solve(
-    graph: Graph,
-    mesh: MeshSpec,
-    opts: Options,
-    values: Optional[dict[str, int]] = None,
-    padder: Optional[HeadPadder] = None,
-    num_blocks: Optional[int] = None,
-) -> Plan:
-    """A plan for `graph` on `mesh` without a saved plan: the VAE planner's for a Wan VAE decode
-    graph, the DiT planner's for a Wan DiT graph (with padded-head options where `padder` is
-    given; `num_blocks`: the blocks of the whole model when the graph holds fewer), else replicated
-    (`replicated_plan`)."""
-    from planner.cfg import plan_dit
-    from planner.hardware import resolve_hardware
-    from planner.targets import get_target
-    from planner.vae_plan import is_vae_graph, plan_vae
+def solve(graph: Graph, request: PlanRequest) -> Plan:
+    """A plan for `graph` under `request` without a saved plan: its family's planner (`planner.families`: the
+    VAE planner's for a Wan VAE decode graph, the DiT planner's for a Wan DiT graph, with padded-head options
+    where the request has ``pad_heads``), else replicated (`replicated_plan`)."""
+    from planner.families import family_of
 
-    # priced as the target compiles: what its partitioner cannot lower is priced out (Target.profile)
-    profile = get_target(opts.resolved_target).profile(resolve_hardware(opts.hardware, mesh))
-    common = dict(memory_gb=opts.memory_gb, model=graph.model, target=opts.resolved_target)  # both planners'
-    if is_vae_graph(graph):  # a full-T VAE decode (wancompile.enable_full_t) or one chunk of it
-        if opts.cfg_parallel == "on":
-            log.info("wan_autoshard: cfg_parallel=on applies to DiT graphs; the VAE decode is planned without it")
-        return plan_vae(graph, mesh, profile, **common)
-    if any(n.op == "scaled_dot_product_attention" for n in graph) and graph.blocks():
-        # A batch-2 graph (the CFG pair as one forward) gets the costed CFG-parallel choice (planner.cfg).
-        return plan_dit(
-            graph,
-            mesh,
-            profile,
-            cfg_parallel=opts.cfg_parallel,
-            values=values or None,
-            weight_copies=opts.weight_sets,
-            pad_heads=padder,
-            sequential=CFG_PAIR_SPLITTABLE.get(),
-            num_blocks=num_blocks,
-            **common,
-        )
-    return replicated_plan(graph, mesh, opts)
+    family = family_of(graph)
+    if family is None:
+        return replicated_plan(graph, request)
+    return family.plan(graph, request)
 
 
-def replicated_plan(graph: Graph, mesh: MeshSpec, opts: Options) -> Plan:
-    """The plan for a graph neither planner plans (no repeated attention blocks, not a Wan VAE decode):
+def replicated_plan(graph: Graph, request: PlanRequest) -> Plan:
+    """The plan for a graph no planner family recognises (no repeated attention blocks, not a Wan VAE decode):
     every parameter replicated, within ``memory_gb`` (its parameters, times ``weight_sets``, on each
     device) or a `MemoryBudgetError` naming the budget that holds them."""
     from planner.plan import MemoryBudgetError
 
-    need_gb = sum(int(p.out.nbytes) for p in graph.params()) * opts.weight_sets / 1e9
-    if opts.memory_gb is not None and need_gb > opts.memory_gb:
+    mesh, memory_gb, weight_sets = request.mesh, request.memory_gb, request.weight_sets
+    need_gb = sum(int(p.out.nbytes) for p in graph.params()) * weight_sets / 1e9
+    if memory_gb is not None and need_gb > memory_gb:
         raise MemoryBudgetError(
             f"{_graph_name(graph)} has no repeated attention blocks and is not a Wan VAE decode, so it runs "
-            f"replicated, and its parameters ({opts.weight_sets} weight set(s)) need {need_gb:.6g} GB per device, "
-            f"over memory_gb={opts.memory_gb:.6g}. Raise memory_gb to at least {need_gb:.6g}, or compile the "
+            f"replicated, and its parameters ({weight_sets} weight set(s)) need {need_gb:.6g} GB per device, "
+            f"over memory_gb={memory_gb:.6g}. Raise memory_gb to at least {need_gb:.6g}, or compile the "
             "part of the model that holds the weights (the transformer, the VAE decode) by itself",
-            budget_gb=opts.memory_gb,
+            budget_gb=memory_gb,
             need_gb=need_gb,
         )
     log.warning(

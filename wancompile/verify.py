@@ -116,7 +116,7 @@ def run_with_backend(
     """Compile `module` with ``backend="wan_autoshard"`` (one graph, these options), call it with
     `inputs` as keyword arguments (plus ``return_dict=False``), and run the same lowered graph with
     everything replicated: (sharded output, one-device output or None, the ShardedProgram)."""
-    from wancompile.backend import last_program
+    from wancompile.programs import last_program
 
     torch._dynamo.reset()
     compiled = torch.compile(module, backend="wan_autoshard", options=options, fullgraph=True)

@@ -63,6 +63,8 @@ _VERBOSE_HELP = "log progress (-v) or debug detail (-vv) to stderr"
 
 
 def _parser() -> argparse.ArgumentParser:
+    from planner.targets import TARGETS
+
     # -v counts before the verb and after it (`wancompile -v plan`, `wancompile plan -v`): two dests,
     # added up in `main`, since a subparser's own default would overwrite the top-level count
     common = argparse.ArgumentParser(add_help=False)
@@ -121,7 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--target",
-        choices=["gspmd", "tt-mlir"],
+        choices=list(TARGETS),
         default=None,
         help="the partitioner the plan is for (default: tt-mlir when --hardware names a Tenstorrent profile, "
         "else gspmd); recorded in plan.json",

@@ -17,8 +17,9 @@ log = logging.getLogger("wancompile")
 
 def _check_plan_args(args: argparse.Namespace):
     """Every value `plan` needs, checked before anything slow runs: (model spec, mesh, hardware)."""
-    from planner.hardware import UnknownHardware, resolve_hardware
+    from planner.hardware import UnknownHardware
     from planner.mesh import MeshError, parse_mesh
+    from planner.request import PlanRequest
     from wancompile.models import get_model
 
     try:
@@ -33,7 +34,7 @@ def _check_plan_args(args: argparse.Namespace):
     except MeshError as e:
         raise UsageError(f"--mesh: {e}") from None
     try:
-        hw = resolve_hardware(args.hardware, mesh)
+        hw = PlanRequest.make(mesh, args.hardware).hw  # the one place a hardware name resolves (planner.request)
     except UnknownHardware as e:
         raise UsageError(f"--hardware: {e}") from None
     args.hardware = hw.name
@@ -96,10 +97,11 @@ def plan_command(args: argparse.Namespace) -> int:
         )
         graph, gm = capture_module(module, **inputs, return_dict=False, model=args.model)
         if args.rewrites:
+            from planner.request import PlanRequest
             from wancompile.backend import rewrite_graph
             from wancompile.capture import annotate
 
-            gm, records = rewrite_graph(gm, mesh, args.rewrites, args.hardware)
+            gm, records = rewrite_graph(gm, PlanRequest.make(mesh, args.hardware), args.rewrites)
             graph = annotate(gm, model=args.model)
     log.info("captured %s", graph.summary())
     captured = graph
@@ -114,7 +116,7 @@ def plan_command(args: argparse.Namespace) -> int:
         model=args.model,
         memory_gb=args.memory_gb,
         num_blocks=num_layers,
-        weight_copies=experts,
+        weight_sets=experts,
         time_limit_s=args.time_limit,
     )  # what the hand plan and the solver are both given
     with progress.step("planning" + (" (tt-xla hand plan)" if hand else f" on {mesh} for {args.hardware}")):

@@ -27,10 +27,11 @@ from typing import Any, Optional
 
 from planner.cfg import plan_profile
 from planner.graph import Graph, Node, TensorMeta
-from planner.hardware import HardwareProfile, resolve_hardware
+from planner.hardware import HardwareProfile
 from planner.placements import Layout
 from planner.plan import Plan, spec_to_json
 from planner.propagate import evaluate
+from planner.request import PlanRequest
 from planner.strategies import dit_graph, family_of, find_structure
 
 TRACE_VERSION = 2
@@ -68,7 +69,7 @@ def trace_plan(
     graph: Graph, plan: Plan, hardware: str | HardwareProfile | None = None, *, num_blocks: Optional[int] = None
 ) -> dict[str, Any]:
     """The ``"report"`` section of plan.json for `plan` on `graph` (see the module docstring)."""
-    hw = resolve_hardware(hardware or plan.hardware, plan.mesh)
+    hw = PlanRequest.for_plan(plan, hardware).hardware  # the profile's own figures
     hw = plan_profile(plan, hw)  # a CFG-split plan: the links of its split mesh (planner.cfg)
     graph = dit_graph(graph)  # as the planner read it: stacks that are not transformer blocks, op by op
     st = find_structure(graph)

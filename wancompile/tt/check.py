@@ -196,7 +196,9 @@ def check_compiled(
                 raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
             modules[sink.names[which]] = path
         plan = program.plan
-        predicted[sink.names["main"]] = on_device(plan.predicted_by_partitioner()["tt-mlir"], plan.mesh, plan.user_mesh)
+        predicted[sink.names["main"]] = on_device(
+            plan.predicted_by_partitioner()[plan.target], plan.mesh, plan.user_mesh
+        )
         planned[sink.names["main"]] = (
             planned_bytes(program) if planned_bytes is not None else plan.predicted.memory_bytes_per_device
         )
@@ -291,7 +293,7 @@ def check_model(
     for old in [*out_dir.glob("*.mlirbc"), *out_dir.glob("*.tt.mlir")]:  # a reused --out: this call's programs only
         old.unlink()
     runtime.configure(num_devices=mesh.size, dump_dir=out_dir / "hlo")
-    from wancompile.backend import recent_programs
+    from wancompile.programs import recent_programs
     from wancompile.verify import numerics
 
     options = {"mesh": str(mesh), "target": "tt-mlir", "dump_dir": str(out_dir), "rewrites": rewrites}

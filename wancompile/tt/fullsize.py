@@ -171,7 +171,7 @@ def check_full_size(
     from wancompile.capture import annotate, capture_fx
     from wancompile.models import as_loaded, build_transformer, get_model, transformer_inputs
     from wancompile.options import Options
-    from wancompile.planning import HeadPadder, solve
+    from wancompile.planning import HeadPadder, request_for, solve
     from wancompile.tt.check import check_compiled
 
     spec = get_model(model)
@@ -190,7 +190,8 @@ def check_full_size(
     steps.done("capture")
 
     options = _options(mesh, systems[0], hardware, memory_gb, weight_sets=sets)
-    plan = solve(graph, mesh, Options.from_user(options), None, HeadPadder(gm, graph), num_blocks=num_blocks)
+    request = request_for(Options.from_user(options), mesh, pad_heads=HeadPadder(gm, graph), num_blocks=num_blocks)
+    plan = solve(graph, request)
     plan = plan.with_(target="tt-mlir")
     save_plan(plan, out_dir / f"plan-{num_blocks}-blocks.json")
     cut = plan.first_blocks(blocks)
