@@ -17,8 +17,6 @@ import subprocess
 import sys
 from collections import deque
 
-import pytest
-
 from conftest import ROOT
 
 PACKAGES = ("planner", "rewrites", "wancompile")
@@ -164,16 +162,6 @@ def report(graph, groups):
     return "import circles:\n" + "\n".join(describe(graph, g) for g in groups)
 
 
-# Circles whose every import lies in files issue 27's PlanRequest refactor rewrites (backend.py, wrappers.py,
-# verify.py: the process-global `_RECENT`; hardware.py, which imports `PlanError` from the plan format, and
-# targets.py) or the plan-format split (planner/plan.py). Each goes when that work merges; the strict xfail
-# below then fails, and this list goes with it.
-KNOWN = {
-    ("wancompile.backend", "wancompile.verify", "wancompile.wrappers"),
-    ("planner.hardware", "planner.plan", "planner.targets"),
-}
-
-
 def test_the_circle_finder_reports_lazy_and_type_only_imports_that_close_a_circle():
     graph = {"a": {"b": ["a.py:1 (top-level)"]}, "b": {"c": ["b.py:2 (lazy)"]}, "c": {"a": ["c.py:3 (type-only)"]}}
     assert circles(graph) == [("a", "b", "c")]
@@ -187,17 +175,6 @@ def test_the_circle_finder_reports_lazy_and_type_only_imports_that_close_a_circl
     assert circles({"a": {"b": []}, "b": {}}) == []
 
 
-def test_no_import_circle_outside_the_ones_issue_27_is_removing():
-    graph = import_graph()
-    new = [g for g in circles(graph) if g not in KNOWN]
-    assert not new, report(graph, new)
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 27: backend -> wrappers -> verify -> backend (backend.py, wrappers.py, verify.py) and "
-    "hardware -> plan -> targets -> hardware (hardware.py, planner/plan.py, targets.py) are still open",
-)
 def test_no_import_circles_among_the_package_modules():
     graph = import_graph()
     assert not circles(graph), report(graph, circles(graph))
