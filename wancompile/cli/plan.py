@@ -111,8 +111,11 @@ def plan_command(args: argparse.Namespace) -> int:
 
     padder = HeadPadder(gm, graph)  # padded-head options where a split does not divide the heads
 
+    from planner.targets import default_target
+
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
     budget = dict(
+        target=args.target or default_target(explicit_hardware),  # priced as the program it compiles to
         model=args.model,
         memory_gb=args.memory_gb,
         num_blocks=num_layers,
@@ -137,9 +140,6 @@ def plan_command(args: argparse.Namespace) -> int:
             graph = padder.graphs(plan.head_padding)[1]  # the graph the plan's locations name
     if args.rewrites:
         plan = plan.with_(rewrites=records)
-    from planner.targets import default_target
-
-    plan = plan.with_(target=args.target or default_target(explicit_hardware))
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")
 
