@@ -119,24 +119,24 @@ def test_auto_plan_md_golden(auto_dir):
 | model | tiny -- 2 blocks, 48 tokens per forward |
 | mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
 | hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
-| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.575 ms, 488 variables, 211 constraints |
-| predicted per forward | 0.575 ms = compute 0.398 ms (69 %) + comm 0.177 ms (31 %), no overlap assumed |
-| roofline | 4.99 MFLOP per device per forward; at 128 TFLOP/s x 40% that is 0.0975 us, so compute is 4082.5x its FLOP bound (memory-bound ops and launch floors make up the rest) |
-| memory per device | 0.0002462 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.577 ms, 488 variables, 211 constraints |
+| predicted per forward | 0.577 ms = compute 0.392 ms (68 %) + comm 0.185 ms (32 %), no overlap assumed |
+| roofline | 1.88 MFLOP per device per forward; at 128 TFLOP/s x 40% that is 0.0368 us, so compute is 10660.2x its FLOP bound (memory-bound ops and launch floors make up the rest) |
+| memory per device | 0.0002415 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
 | weight sets | 1 resident per device (the memory budget holds 1x the weights) |
-| parallelism | SP: tokens over batch (2); TP: attention heads over batch (2) |
-| collectives per block | 6 big + 2 small (4 all-gather on batch, 2 reduce-scatter on batch; small: 2 all-reduce on batch) |
-| parameters | 71 (28 sharded); 51 activation constraints |
+| parallelism | SP: tokens over model (4); TP: attention heads over batch (2) |
+| collectives per block | 4 big + 2 small (2 all-gather on model, 2 all-reduce on batch; small: 2 all-reduce on batch) |
+| parameters | 71 (24 sharded); 23 activation constraints |
 
 ## Decisions
 
 | where | chosen | plan with it, ms/forward | best rejected | best plan without it | delta |
 |---|---|---|---|---|---|
-| blocks.*.attn1 (x2) | **head-TP(batch)+seq(batch)** | 0.575 | head-TP(batch)+SP(model) | 0.577 | +0.002 ms |
-| blocks.*.attn2 (x2) | **SP(batch)** (+FSDP on block 1) | 0.575 | SP(model) | 0.577 | +0.002 ms |
-| blocks.*.ffn (x2) | **Megatron(batch)+seq(batch)** | 0.575 | Megatron(batch)+SP(model) | 0.577 | +0.002 ms |
-| condition_embedder.time_embedder | **replicated** | 0.575 | Megatron(batch) | 0.580 | +0.004 ms |
-| condition_embedder.text_embedder | **replicated** | 0.575 | Megatron(batch) | 0.580 | +0.005 ms |
+| blocks.*.attn1 (x2) | **head-TP(batch)+SP(model)** | 0.577 | SP(batch)+KV-gather | 0.584 | +0.007 ms |
+| blocks.*.attn2 (x2) | **SP(model)** | 0.577 | SP(batch)+FSDP | 0.584 | +0.007 ms |
+| blocks.*.ffn (x2) | **Megatron(batch)+SP(model)** | 0.577 | Megatron(model)+SP(batch) | 0.584 | +0.007 ms |
+| condition_embedder.time_embedder | **replicated** | 0.577 | Megatron(batch) | 0.584 | +0.007 ms |
+| condition_embedder.text_embedder | **replicated** | 0.577 | Megatron(batch) | 0.585 | +0.008 ms |
 
 ## One block, op by op (`blocks.*`, x2)
 
@@ -144,56 +144,40 @@ State = global shape and layout, one placement per mesh axis (batch, model): `S(
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
-| `blocks.*:getitem#0` | -- | 1 x 1 x 64 (R, R) | 1 x 1 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `blocks.*:getitem#2` | -- | 1 x 1 x 64 (R, R) | 1 x 1 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `blocks.*:getitem#3` | -- | 1 x 1 x 64 (R, R) | 1 x 1 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `blocks.*:getitem#5` | -- | 1 x 1 x 64 (R, R) | 1 x 1 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*:add#1` | -- | 1 x 1 x 64 (R, R) | 1 x 1 x 64 (R, R) | `(R, R)` | -- | -- | 2.2 |
-| `blocks.*:type_as#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (R, R) | `(R, R)` | all-gather on batch | 6.0 KiB | 11.4 |
-| `blocks.*.attn1.to_q:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(2), R) | `(S(2), R)` | -- | -- | 2.3 |
-| `blocks.*.attn1.to_k:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(2), R) | `(S(2), R)` | -- | -- | 2.3 |
-| `blocks.*.attn1.to_v:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(2), R) | `(S(2), R)` | -- | -- | 2.3 |
-| `blocks.*.attn1.norm_q:rms_norm#0` | weight (S(0), R) | 1 x 48 x 64 (S(2), R) | 1 x 48 x 64 (S(2), R) | -- | all-reduce on batch | 192 B | 17.3 |
-| `blocks.*.attn1.norm_k:rms_norm#0` | weight (S(0), R) | 1 x 48 x 64 (S(2), R) | 1 x 48 x 64 (S(2), R) | -- | all-reduce on batch | 192 B | 17.3 |
-| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(1), R) | 1 x 4 x 48 x 16 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (S(1), R); bias (R, R) | 1 x 48 x 64 (S(2), R) | 1 x 48 x 64 (R, R) | `(R, R)` | all-reduce on batch | 6.0 KiB | 23.0 |
-| `blocks.*.attn1.to_out.1:dropout#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 2.3 |
-| `blocks.*.norm2:float#1` | weight (R, R) | -- | 64 (R, R) | `(R, R)` | -- | -- | 2.2 |
-| `blocks.*.norm2:float#2` | bias (R, R) | -- | 64 (R, R) | `(R, R)` | -- | -- | 2.2 |
-| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R)<br>64 (R, R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_q:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn1.to_q:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
+| `blocks.*.attn1.to_k:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
+| `blocks.*.attn1.to_v:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | weight (S(0), R) | 1 x 48 x 64 (S(2), S(1)) | 1 x 48 x 64 (S(2), S(1)) | -- | all-reduce on batch | 48 B | 17.1 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | weight (S(0), R) | 1 x 48 x 64 (S(2), S(1)) | 1 x 48 x 64 (S(2), S(1)) | -- | all-reduce on batch | 48 B | 17.1 |
+| `blocks.*.attn1:permute#1` | -- | 1 x 48 x 4 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (S(1), R) | `(S(1), R)` | all-gather on model | 3.0 KiB | 12.2 |
+| `blocks.*.attn1:permute#2` | -- | 1 x 48 x 4 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (S(1), R) | `(S(1), R)` | all-gather on model | 3.0 KiB | 12.2 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(1), S(2))<br>1 x 4 x 48 x 16 (S(1), R) | 1 x 4 x 48 x 16 (S(1), S(2)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (S(1), R); bias (R, R) | 1 x 48 x 64 (S(2), S(1)) | 1 x 48 x 64 (R, S(1)) | `(R, S(1))` | all-reduce on batch | 1.5 KiB | 18.6 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (R, S(1))<br>64 (R, R) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn2.to_q:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
 | `blocks.*.attn2.to_k:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 2.3 |
 | `blocks.*.attn2.to_v:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.2 |
 | `blocks.*.attn2.norm_k:rms_norm#0` | weight (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 2.2 |
-| `blocks.*.attn2:permute#1` | -- | 1 x 7 x 4 x 16 (R, R) | 1 x 4 x 7 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `blocks.*.attn2:permute#2` | -- | 1 x 7 x 4 x 16 (R, R) | 1 x 4 x 7 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), R)<br>1 x 4 x 7 x 16 (R, R) | 1 x 4 x 48 x 16 (S(2), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*:add#5` | -- | 1 x 1 x 64 (R, R) | 1 x 1 x 64 (R, R) | `(R, R)` | -- | -- | 2.2 |
-| `blocks.*:type_as#3` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (R, R) | `(R, R)` | all-gather on batch | 6.0 KiB | 11.4 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, R) | 1 x 48 x 96 (S(2), R) | `(S(2), R)` | -- | -- | 2.3 |
-| `blocks.*.ffn.net.2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 48 x 96 (S(2), R) | 1 x 48 x 64 (R, R) | `(R, R)` | all-reduce on batch | 6.0 KiB | 23.0 |
-| `blocks.*:float#6` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 2.4 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (R, S(2))<br>1 x 4 x 7 x 16 (R, R) | 1 x 4 x 48 x 16 (R, S(2)) | -- | -- | -- | 2.2 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 96 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
+| `blocks.*.ffn.net.2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 48 x 96 (S(2), S(1)) | 1 x 48 x 64 (R, S(1)) | `(R, S(1))` | all-reduce on batch | 1.5 KiB | 18.6 |
 
-Block total: 251.6 us (compute 161.9 us + comm 89.6 us) x 2 blocks = 0.503 ms per forward.
+Block total: 246.0 us (compute 159.0 us + comm 87.0 us) x 2 blocks = 0.492 ms per forward.
 
-**Collective bill per block: 6 big + 2 small**
+**Collective bill per block: 4 big + 2 small**
 
 | collective | axes | bytes per call | per block | size | where |
 |---|---|---|---|---|---|
-| all-reduce | batch | 192 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
-| all-reduce | batch | 192 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
-| reduce-scatter | batch | 6.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | batch | 896 B | 0.5 | big | blocks.*.attn2.to_k:linear#0 |
-| all-gather | batch | 8.0 KiB | 0.5 | big | blocks.*.attn2.to_out.0:linear#0 |
-| all-gather | batch | 8.0 KiB | 0.5 | big | blocks.*.attn2.to_q:linear#0 |
-| all-gather | batch | 896 B | 0.5 | big | blocks.*.attn2.to_v:linear#0 |
-| reduce-scatter | batch | 6.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |
-| all-gather | batch | 6.0 KiB | 1 | big | blocks.*:type_as#0 |
-| all-gather | batch | 6.0 KiB | 1 | big | blocks.*:type_as#3 |
+| all-reduce | batch | 48 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
+| all-reduce | batch | 48 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
+| all-reduce | batch | 1.5 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | model | 3.0 KiB | 1 | big | blocks.*.attn1:permute#1 |
+| all-gather | model | 3.0 KiB | 1 | big | blocks.*.attn1:permute#2 |
+| all-reduce | batch | 1.5 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |
 
 ## Once per forward (before and after the block stack)
 
@@ -201,87 +185,81 @@ Block total: 251.6 us (compute 161.9 us + comm 89.6 us) x 2 blocks = 0.503 ms pe
 |---|---|---|---|---|---|---|---|
 | `rope:reshape#0` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
 | `rope:reshape#1` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | -- | -- | 2.3 |
+| `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (R, S(1)) | `(R, S(1))` | -- | -- | 2.3 |
 | `condition_embedder:type_as#0` | -- | 1 x 64 (R, R)<br>1 x 7 x 32 (R, R) | 1 x 64 (R, R) | `(R, R)` | -- | -- | 2.2 |
 | `condition_embedder.text_embedder.linear_2:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | `(R, R)` | -- | -- | 2.3 |
 | `:unflatten#0` | -- | 1 x 384 (R, R) | 1 x 6 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 16 (R, R) | `(R, R)` | all-gather on batch | 1.5 KiB | 9.3 |
+| `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 16 (R, R) | `(R, R)` | all-gather on model | 1.5 KiB | 13.4 |
 
-Prologue 44.9 us, epilogue 36.4 us (compute + comm).
+Prologue 44.9 us, epilogue 40.2 us (compute + comm).
 
 ## Predicted collectives per forward
 
 | collective | axes | bytes per call | calls | us per call | where |
 |---|---|---|---|---|---|
-| all-reduce | batch | 192 B | 2 | 15.1 | blocks.*.attn1.norm_k:rms_norm#0 |
-| all-reduce | batch | 192 B | 2 | 15.1 | blocks.*.attn1.norm_q:rms_norm#0 |
-| reduce-scatter | batch | 6.0 KiB | 2 | 10.0 | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | batch | 896 B | 1 | 6.8 | blocks.*.attn2.to_k:linear#0 |
-| all-gather | batch | 8.0 KiB | 1 | 9.9 | blocks.*.attn2.to_out.0:linear#0 |
-| all-gather | batch | 8.0 KiB | 1 | 9.9 | blocks.*.attn2.to_q:linear#0 |
-| all-gather | batch | 896 B | 1 | 6.8 | blocks.*.attn2.to_v:linear#0 |
-| reduce-scatter | batch | 6.0 KiB | 2 | 10.0 | blocks.*.ffn.net.2:linear#0 |
-| all-gather | batch | 6.0 KiB | 2 | 9.1 | blocks.*:type_as#0 |
-| all-gather | batch | 6.0 KiB | 2 | 9.1 | blocks.*:type_as#3 |
-| all-gather | batch | 1.5 KiB | 1 | 7.0 | proj_out:linear#0 |
+| all-reduce | batch | 48 B | 2 | 14.9 | blocks.*.attn1.norm_k:rms_norm#0 |
+| all-reduce | batch | 48 B | 2 | 14.9 | blocks.*.attn1.norm_q:rms_norm#0 |
+| all-reduce | batch | 1.5 KiB | 2 | 16.3 | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | model | 3.0 KiB | 2 | 12.2 | blocks.*.attn1:permute#1 |
+| all-gather | model | 3.0 KiB | 2 | 12.2 | blocks.*.attn1:permute#2 |
+| all-reduce | batch | 1.5 KiB | 2 | 16.3 | blocks.*.ffn.net.2:linear#0 |
+| all-gather | model | 1.5 KiB | 1 | 11.2 | proj_out:linear#0 |
 
 ## Why
 
-### blocks.*.attn1 (x2): head-TP(batch)+seq(batch)
+### blocks.*.attn1 (x2): head-TP(batch)+SP(model)
 
-- **chosen** `head-TP(batch)+seq(batch)` (stream `(S(1), R)`, SP-Megatron): the best plan with it costs 0.575 ms per forward; 0.00 GB weights/device
-- **best rejected** `head-TP(batch)+SP(model)`: the best plan with it instead costs 0.577 ms per forward (+0.002 ms)
-- other options priced: `replicated` 0.215 ms, `SP(batch)+KV-gather` 0.254 ms, `Ulysses(batch)` 0.275 ms, `SP(model)+KV-gather` 0.276 ms, `Ulysses(model)` 0.311 ms, `head-TP(batch)` 0.314 ms, `SP(batchxmodel)+KV-gather` 0.316 ms, `SP(batch)+KV-gather+FSDP` 0.333 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.364 ms, `head-TP(model)` 0.389 ms, `head-TP(model)+seq(model)` 0.394 ms, `SP(model)+KV-gather+FSDP` 0.401 ms, `head-TP(model)+SP(batch)` 0.412 ms, `head-TP(batch)+hidden(batch)` 0.416 ms, `head-TP(model)+SP(batch)+seq(model)` 0.420 ms, `Ulysses(batch+model)+pad(4->8)` 0.421 ms, `Ulysses(batch+model)+pad(4->8)` 0.422 ms, `Ulysses(batch+model)+seq(batch)+pad(4->8)` 0.426 ms, `Ulysses(model+batch)+pad(4->8)` 0.452 ms, `Ulysses(model+batch)+seq(model)+pad(4->8)` 0.459 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.461 ms, `head-TP(batch)+SP(model)+FSDP` 0.463 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.467 ms, `head-TP(model)+SP(batch)+FSDP` 0.470 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.478 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.509 ms, `Ulysses(batch+model)+hidden(batch)+pad(4->8)` 0.523 ms, `head-TP(batchxmodel)+pad(4->8)` 0.550 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.562 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.564 ms, `head-TP(model)+hidden(model)` 0.572 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.595 ms, `Ulysses(model+batch)+hidden(model)+pad(4->8)` 0.635 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.653 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.896 ms
+- **chosen** `head-TP(batch)+SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
+- **best rejected** `SP(batch)+KV-gather`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
+- other options priced: `replicated` 0.215 ms, `Ulysses(batch)` 0.275 ms, `SP(model)+KV-gather` 0.276 ms, `Ulysses(model)` 0.311 ms, `head-TP(batch)` 0.314 ms, `SP(batchxmodel)+KV-gather` 0.316 ms, `SP(batch)+KV-gather+FSDP` 0.333 ms, `head-TP(batch)+seq(batch)` 0.337 ms, `head-TP(model)` 0.389 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.394 ms, `SP(model)+KV-gather+FSDP` 0.401 ms, `head-TP(model)+SP(batch)` 0.412 ms, `head-TP(batch)+hidden(batch)` 0.416 ms, `Ulysses(batch+model)+pad(4->8)` 0.421 ms, `Ulysses(batch+model)+pad(4->8)` 0.422 ms, `head-TP(model)+seq(model)` 0.426 ms, `Ulysses(model+batch)+pad(4->8)` 0.452 ms, `Ulysses(batch+model)+seq(batch)+pad(4->8)` 0.455 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.461 ms, `head-TP(batch)+SP(model)+FSDP` 0.463 ms, `head-TP(model)+SP(batch)+FSDP` 0.470 ms, `head-TP(model)+SP(batch)+seq(model)` 0.474 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.497 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.509 ms, `Ulysses(model+batch)+seq(model)+pad(4->8)` 0.513 ms, `Ulysses(batch+model)+hidden(batch)+pad(4->8)` 0.523 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.532 ms, `head-TP(batchxmodel)+pad(4->8)` 0.550 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.564 ms, `head-TP(model)+hidden(model)` 0.572 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.595 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.610 ms, `Ulysses(model+batch)+hidden(model)+pad(4->8)` 0.635 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.653 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.896 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
-- ring attention `SP(batch)+ring` 0.251 ms per forward vs 0.316 ms chosen: it would save 0.065 ms (2 steps of 1.2 us attention and 18.1 us K/V transfer, replacing 18.1 us of K/V all-gathers per call); not offered: no ring attention from GSPMD: sharding annotations make it all-gather K/V or all-to-all heads
-- plan total 0.575 ms per forward (head-TP(batch)+seq(batch): 0.316 ms of it, x2)
-- next best: head-TP(batch)+SP(model), plan total 0.577 ms (+0.002 ms: this macro +0.044 ms, stream-layout edges +0.000 ms, other macros -0.042 ms (attn2 -> SP(model), ffn -> Megatron(batch)+SP(model)))
-- replicated is cheaper on its own (0.215 ms) but its best plan totals 0.624 ms: this macro -0.101 ms, stream-layout edges +0.028 ms, other macros +0.122 ms (attn2 -> SP(model)+FSDP, ffn -> Megatron(batch)+SP(model), condition_embedder.time_embedder -> Megatron(batch), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
-- collectives it implies (per call): all-gather on batch 6.0 KiB at `blocks.*:type_as#0`, all-reduce on batch 192 B at `blocks.*.attn1.norm_q:rms_norm#0`, all-reduce on batch 192 B at `blocks.*.attn1.norm_k:rms_norm#0`, all-reduce on batch 6.0 KiB at `blocks.*.attn1.to_out.0:linear#0`
+- ring attention `head-TP(batch)+SP(model)+ring` 0.392 ms per forward vs 0.360 ms chosen: it would cost 0.032 ms (4 steps of 0.6 us attention and 14.1 us K/V transfer, replacing 24.4 us of K/V all-gathers per call); not offered: no ring SDPA lowering in tt-mlir (tt-mlir #7598)
+- plan total 0.577 ms per forward (head-TP(batch)+SP(model): 0.360 ms of it, x2)
+- next best: SP(batch)+KV-gather, plan total 0.584 ms (+0.007 ms: this macro -0.106 ms, stream-layout edges +0.000 ms, other macros +0.113 ms (attn2 -> SP(batch)+FSDP, ffn -> Megatron(model)+SP(batch), condition_embedder.time_embedder -> Megatron(batch) to fit the memory budget))
+- replicated is cheaper on its own (0.215 ms) but its best plan totals 0.624 ms: this macro -0.145 ms, stream-layout edges +0.028 ms, other macros +0.164 ms (attn2 -> SP(model)+FSDP, condition_embedder.time_embedder -> Megatron(batch), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
+- collectives it implies (per call): all-reduce on batch 48 B at `blocks.*.attn1.norm_q:rms_norm#0`, all-reduce on batch 48 B at `blocks.*.attn1.norm_k:rms_norm#0`, all-gather on model 3.0 KiB at `blocks.*.attn1:permute#1`, all-gather on model 3.0 KiB at `blocks.*.attn1:permute#2`, all-reduce on batch 1.5 KiB at `blocks.*.attn1.to_out.0:linear#0`
 
-### blocks.*.attn2 (x2): SP(batch)
+### blocks.*.attn2 (x2): SP(model)
 
-- **chosen** `SP(batch)` (stream `(S(1), R)`, STATE A): the best plan with it costs 0.575 ms per forward; 0.00 GB weights/device (weights sharded for memory)
-- **FSDP block range**: block 1 runs `SP(batch)+FSDP` (weights also split over the SP axes, gathered per use: only as many blocks as memory needs), block 0 `SP(batch)`
-- **best rejected** `SP(model)`: the best plan with it instead costs 0.577 ms per forward (+0.002 ms)
-- other options priced: `SP(batchxmodel)` 0.089 ms, `replicated` 0.094 ms, `SP(batch)+FSDP` 0.158 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.179 ms, `head-TP(batch)+SP(model)` 0.182 ms, `head-TP(batch)+seq(batch)` 0.189 ms, `head-TP(batch)` 0.194 ms, `SP(model)+FSDP` 0.195 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.238 ms, `head-TP(batch)+hidden(batch)` 0.249 ms, `head-TP(model)+SP(batch)+seq(model)` 0.254 ms, `head-TP(model)+SP(batch)` 0.259 ms, `SP(batchxmodel)+FSDP` 0.259 ms, `head-TP(model)+seq(model)` 0.264 ms, `head-TP(model)` 0.270 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.272 ms, `head-TP(batch)+SP(model)+FSDP` 0.275 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.309 ms, `head-TP(model)+SP(batch)+FSDP` 0.314 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.332 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.361 ms, `head-TP(model)+hidden(model)` 0.371 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.416 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.424 ms, `head-TP(batchxmodel)+pad(4->8)` 0.430 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.624 ms
+- **chosen** `SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
+- **best rejected** `SP(batch)+FSDP`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
+- other options priced: `SP(batchxmodel)` 0.089 ms, `SP(batch)` 0.091 ms, `replicated` 0.094 ms, `head-TP(batch)+SP(model)` 0.182 ms, `head-TP(batch)` 0.194 ms, `SP(model)+FSDP` 0.195 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.208 ms, `head-TP(batch)+seq(batch)` 0.211 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.238 ms, `head-TP(batch)+hidden(batch)` 0.249 ms, `head-TP(model)+SP(batch)` 0.259 ms, `SP(batchxmodel)+FSDP` 0.259 ms, `head-TP(model)` 0.270 ms, `head-TP(model)+seq(model)` 0.295 ms, `head-TP(model)+SP(batch)+seq(model)` 0.309 ms, `head-TP(batch)+SP(model)+FSDP` 0.313 ms, `head-TP(model)+SP(batch)+FSDP` 0.334 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.339 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.361 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.370 ms, `head-TP(model)+hidden(model)` 0.371 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.384 ms, `head-TP(batchxmodel)+pad(4->8)` 0.430 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.437 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.472 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.624 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
-- plan total 0.575 ms per forward (SP(batch): 0.091 ms of it, x2)
-- next best: SP(model), plan total 0.577 ms (+0.002 ms: this macro -0.035 ms, stream-layout edges +0.000 ms, other macros +0.036 ms (attn1 -> head-TP(batch)+SP(model), ffn -> Megatron(batch)+SP(model) to fit the memory budget))
-- SP(batchxmodel) is cheaper on its own (0.089 ms) but its best plan totals 0.583 ms: this macro -0.035 ms, stream-layout edges +0.024 ms, other macros +0.018 ms (ffn -> Megatron(model)+SP(batch)+seq(model) to fit the memory budget)
+- plan total 0.577 ms per forward (SP(model): 0.090 ms of it, x2)
+- next best: SP(batch)+FSDP, plan total 0.584 ms (+0.007 ms: this macro +0.068 ms, stream-layout edges +0.000 ms, other macros -0.061 ms (attn1 -> SP(batch)+KV-gather, ffn -> Megatron(model)+SP(batch), condition_embedder.time_embedder -> Megatron(batch)))
+- SP(batchxmodel) is cheaper on its own (0.089 ms) but its best plan totals 0.681 ms: this macro +0.084 ms, stream-layout edges +0.000 ms, other macros +0.020 ms (attn1 -> SP(batchxmodel)+KV-gather, ffn -> SP(batchxmodel), condition_embedder.time_embedder -> Megatron(model), condition_embedder.text_embedder -> Megatron(batch))
 
-### blocks.*.ffn (x2): Megatron(batch)+seq(batch)
+### blocks.*.ffn (x2): Megatron(batch)+SP(model)
 
-- **chosen** `Megatron(batch)+seq(batch)` (stream `(S(1), R)`, SP-Megatron): the best plan with it costs 0.575 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(batch)+SP(model)`: the best plan with it instead costs 0.577 ms per forward (+0.002 ms)
-- other options priced: `SP(batchxmodel)` 0.080 ms, `SP(model)` 0.081 ms, `SP(batch)` 0.083 ms, `replicated` 0.086 ms, `Megatron(batch)+SP(model)+seq(batch)` 0.110 ms, `Megatron(batch)` 0.127 ms, `SP(batch)+FSDP` 0.130 ms, `Megatron(model)+SP(batch)+seq(model)` 0.139 ms, `Megatron(model)+SP(batch)` 0.144 ms, `Megatron(model)+seq(model)` 0.149 ms, `SP(model)+FSDP` 0.154 ms, `Megatron(model)` 0.156 ms, `Megatron(batch)+SP(model)+FSDP+seq(batch)` 0.167 ms, `Megatron(batch)+SP(model)+hidden(batch)` 0.170 ms, `Megatron(model)+SP(batch)+FSDP+seq(model)` 0.170 ms, `Megatron(batch)+SP(model)+FSDP` 0.170 ms, `Megatron(model)+SP(batch)+FSDP` 0.175 ms, `Megatron(batch)+hidden(batch)` 0.181 ms, `SP(batchxmodel)+FSDP` 0.189 ms, `Megatron(batchxmodel)+seq(batchxmodel)` 0.198 ms, `Megatron(batchxmodel)` 0.205 ms, `Megatron(batch)+SP(model)+FSDP+hidden(batch)` 0.227 ms, `Megatron(model)+SP(batch)+hidden(model)` 0.246 ms, `Megatron(model)+hidden(model)` 0.256 ms, `Megatron(model)+SP(batch)+FSDP+hidden(model)` 0.277 ms, `Megatron(batchxmodel)+hidden(batchxmodel)` 0.398 ms
-- plan total 0.575 ms per forward (Megatron(batch)+seq(batch): 0.121 ms of it, x2)
-- next best: Megatron(batch)+SP(model), plan total 0.577 ms (+0.002 ms: this macro -0.008 ms, stream-layout edges +0.000 ms, other macros +0.009 ms (attn1 -> head-TP(batch)+SP(model), attn2 -> SP(model)))
-- SP(batchxmodel) is cheaper on its own (0.080 ms) but its best plan totals 0.609 ms: this macro +0.014 ms, stream-layout edges +0.024 ms, other macros -0.005 ms (attn2 -> SP(batchxmodel), condition_embedder.time_embedder -> Megatron(batch), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
-- collectives it implies (per call): all-gather on batch 6.0 KiB at `blocks.*:type_as#3`, all-reduce on batch 6.0 KiB at `blocks.*.ffn.net.2:linear#0`
+- **chosen** `Megatron(batch)+SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(model)+SP(batch)`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
+- other options priced: `SP(batchxmodel)` 0.080 ms, `SP(model)` 0.081 ms, `SP(batch)` 0.083 ms, `replicated` 0.086 ms, `Megatron(batch)` 0.127 ms, `SP(batch)+FSDP` 0.130 ms, `Megatron(batch)+SP(model)+seq(batch)` 0.141 ms, `Megatron(batch)+seq(batch)` 0.142 ms, `SP(model)+FSDP` 0.154 ms, `Megatron(model)` 0.156 ms, `Megatron(batch)+SP(model)+hidden(batch)` 0.170 ms, `Megatron(batch)+SP(model)+FSDP` 0.170 ms, `Megatron(model)+SP(batch)+FSDP` 0.175 ms, `Megatron(model)+seq(model)` 0.180 ms, `Megatron(batch)+hidden(batch)` 0.181 ms, `SP(batchxmodel)+FSDP` 0.189 ms, `Megatron(batch)+SP(model)+FSDP+seq(batch)` 0.198 ms, `Megatron(model)+SP(batch)+seq(model)` 0.202 ms, `Megatron(batchxmodel)` 0.205 ms, `Megatron(batch)+SP(model)+FSDP+hidden(batch)` 0.227 ms, `Megatron(model)+SP(batch)+FSDP+seq(model)` 0.233 ms, `Megatron(batchxmodel)+seq(batchxmodel)` 0.245 ms, `Megatron(model)+SP(batch)+hidden(model)` 0.246 ms, `Megatron(model)+hidden(model)` 0.256 ms, `Megatron(model)+SP(batch)+FSDP+hidden(model)` 0.277 ms, `Megatron(batchxmodel)+hidden(batchxmodel)` 0.398 ms
+- plan total 0.577 ms per forward (Megatron(batch)+SP(model): 0.114 ms of it, x2)
+- next best: Megatron(model)+SP(batch), plan total 0.584 ms (+0.007 ms: this macro +0.030 ms, stream-layout edges +0.000 ms, other macros -0.023 ms (attn1 -> SP(batch)+KV-gather, attn2 -> SP(batch)+FSDP, condition_embedder.time_embedder -> Megatron(batch) to fit the memory budget))
+- SP(batchxmodel) is cheaper on its own (0.080 ms) but its best plan totals 0.681 ms: this macro +0.021 ms, stream-layout edges +0.000 ms, other macros +0.083 ms (attn1 -> SP(batchxmodel)+KV-gather, attn2 -> SP(batchxmodel), condition_embedder.time_embedder -> Megatron(model), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
+- collectives it implies (per call): all-reduce on batch 1.5 KiB at `blocks.*.ffn.net.2:linear#0`
 
 ### condition_embedder.time_embedder: replicated
 
-- **chosen** `replicated`: the best plan with it costs 0.575 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.580 ms per forward (+0.004 ms)
+- **chosen** `replicated`: the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
 - other options priced: `Megatron(model)` 0.033 ms, `Megatron(batchxmodel)` 0.057 ms
-- plan total 0.575 ms per forward (replicated: 0.007 ms of it)
-- next best: Megatron(batch), plan total 0.580 ms (+0.004 ms: this macro +0.015 ms, stream-layout edges +0.000 ms, other macros -0.011 ms (ffn -> Megatron(model)+SP(batch)))
+- plan total 0.577 ms per forward (replicated: 0.007 ms of it)
+- next best: Megatron(batch), plan total 0.584 ms (+0.007 ms: this macro +0.015 ms, stream-layout edges +0.000 ms, other macros -0.008 ms (attn1 -> SP(batch)+KV-gather, attn2 -> SP(batch)+FSDP, ffn -> Megatron(model)+SP(batch)))
 
 ### condition_embedder.text_embedder: replicated
 
-- **chosen** `replicated`: the best plan with it costs 0.575 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.580 ms per forward (+0.005 ms)
+- **chosen** `replicated`: the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.585 ms per forward (+0.008 ms)
 - other options priced: `Megatron(model)` 0.034 ms, `Megatron(batchxmodel)` 0.058 ms
-- plan total 0.575 ms per forward (replicated: 0.007 ms of it)
-- next best: Megatron(batch), plan total 0.580 ms (+0.005 ms: this macro +0.016 ms, stream-layout edges +0.000 ms, other macros -0.011 ms (ffn -> Megatron(model)+SP(batch)))
+- plan total 0.577 ms per forward (replicated: 0.007 ms of it)
+- next best: Megatron(batch), plan total 0.585 ms (+0.008 ms: this macro +0.016 ms, stream-layout edges +0.000 ms, other macros -0.008 ms (attn1 -> SP(batch)+KV-gather, attn2 -> SP(batch)+FSDP, ffn -> Megatron(model)+SP(batch)))
 
 ## Notes
 
-- guard: `48 % 64 == 0 (32-token tiles per device; otherwise pad)`
-- planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name (but for the FSDP block ranges)
+- guard: `48 % 128 == 0 (32-token tiles per device; otherwise pad)`
+- planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name
 - predicted time = compute + comm, no overlap assumed; 1 weight set(s) resident
-- memory forces weight sharding: attn2 SP(batch)+FSDP on block 1
 """,
     )
 
