@@ -15,11 +15,7 @@ eager fp32.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -61,28 +57,9 @@ SHORT = {"all-gather": "AG", "all-reduce": "AR", "reduce-scatter": "RS"}
 
 
 def _run(mesh: str, systems: tuple[str, ...], flags: list[str]) -> dict:
-    from wancompile.runtime import subprocess_env
+    from _tt_check import tt_check
 
-    n = 1
-    for s in mesh.split("x"):
-        n *= int(s)
-    env = subprocess_env(n)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    with tempfile.TemporaryDirectory(prefix="wancompile-tt-check-") as out:
-        args = ["--mesh", mesh, *flags, "--out", out, "--json"]
-        for system in systems:
-            args += ["--system", system]
-        proc = subprocess.run(
-            [sys.executable, "-m", "wancompile.cli", "tt-check", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-    line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
-    if line is None:
-        return {"failed": " ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])}
-    return json.loads(line)
+    return tt_check(mesh, [*flags, *(a for system in systems for a in ("--system", system))])
 
 
 def _collectives(program: dict) -> str:

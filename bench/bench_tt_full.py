@@ -17,11 +17,7 @@ compiler). The VAE rows decode a whole 81-frame clip in one program (full-T), fp
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,32 +37,14 @@ VAES = ("wan2.1", "wan2.2")
 
 
 def _run(model: str, resolution: str, frames: int, mesh: str, system: str) -> dict:
-    from wancompile.runtime import subprocess_env
+    from _tt_check import tt_check
 
-    n = 1
-    for s in mesh.split("x"):
-        n *= int(s)
-    env = subprocess_env(n)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    with tempfile.TemporaryDirectory(prefix="wancompile-tt-full-") as out:
-        args = ["--model", model, "--resolution", resolution, "--frames", str(frames)]
-        args += ["--component", "vae"] if model in VAES else ["--blocks", "2"]
-        args += ["--mesh", mesh, "--system", system, "--out", out, "--json"]
-        proc = subprocess.run(
-            [sys.executable, "-m", "wancompile.cli", "tt-check", *args],
-            cwd=ROOT,
-            env=env,
-            capture_output=True,
-            text=True,
-        )
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("{")), None)
-        if line is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-            return {"failed": " ".join(tail)}
-        report = json.loads(line)
-        main = next(p for p in report["programs"] if ".fold" not in p["program"])
-        report["main"] = main
-        return report
+    args = ["--model", model, "--resolution", resolution, "--frames", str(frames)]
+    args += ["--component", "vae"] if model in VAES else ["--blocks", "2"]
+    report = tt_check(mesh, [*args, "--system", system])
+    if "failed" not in report:
+        report["main"] = next(p for p in report["programs"] if ".fold" not in p["program"])
+    return report
 
 
 def _gib(b) -> str:
