@@ -1,5 +1,5 @@
 """An excerpt of the plan.md ``wancompile plan`` writes for Wan 2.2 T2V-A14B at 720p on a Wormhole Galaxy (8x4):
-the header, the decisions, the first rows of one block op by op, and the "why" of the ffn's decision, as the
+the summary line it prints last, then plan.md's header, the decisions, the first rows of one block op by op, and the "why" of the ffn's decision, as the
 CLI renders them (docs/dumps.md and docs/usage.md show it; headings one level down).
 
     PYTHONPATH=. python bench/bench_plan_excerpt.py [--write]
@@ -35,15 +35,18 @@ def _sections(text: str) -> dict[str, list[str]]:
 def main() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     with tempfile.TemporaryDirectory(prefix="wancompile-plan-excerpt-") as out:
-        subprocess.run(
+        proc = subprocess.run(
             [sys.executable, "-m", "wancompile.cli", *COMMAND, "--out", out],
             cwd=ROOT,
             env=env,
             check=True,
             capture_output=True,
+            text=True,
         )
         sections = _sections((Path(out) / "plan.md").read_text())
-    print(f"`wancompile {' '.join(COMMAND)}`, plan.md (excerpt):\n")
+    print(f"`wancompile {' '.join(COMMAND)}` ends with its summary line:\n")
+    print("```\n" + proc.stdout.strip().splitlines()[-1] + "\n```\n")
+    print("and writes plan.md (excerpt):\n")
     kept = []
     for heading, lines in sections.items():
         if heading == "" or heading.startswith("## Decisions"):
