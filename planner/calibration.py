@@ -247,14 +247,6 @@ def _slices(graph: Graph, mesh: MeshSpec, hw: HardwareProfile, count: int) -> Te
     return Terms(roofline_s=count * 2 * nbytes / float(hw.dram_bw), kernels=count)
 
 
-def load() -> Optional[Factors]:
-    """The fitted factors (`planner/calibration.json`), None before any fit."""
-    if not CALIBRATION_FILE.exists():
-        return None
-    d = json.loads(CALIBRATION_FILE.read_text())
-    return Factors(**d["factors"])
-
-
 # --- fitting ----------------------------------------------------------------------------------------
 
 COMPUTE_GRID = tuple(0.05 * 1.04**i for i in range(80) if 0.05 * 1.04**i <= 1.0)
@@ -300,6 +292,15 @@ class Fit:
 
     def of(self, row: Row) -> Factors:
         return self.factors[row.scheme.stack]
+
+
+def load() -> Optional[Fit]:
+    """The fit ``bench/bench_calibration.py --write`` wrote (`planner/calibration.json`): each stack's
+    factors and the fit's RMS log error (as written: rounded to 4 places); None before any fit."""
+    if not CALIBRATION_FILE.exists():
+        return None
+    d = json.loads(CALIBRATION_FILE.read_text())
+    return Fit({stack: Factors(**f) for stack, f in d["factors"].items()}, d["rms_log_error"])
 
 
 def _errors(priced: Sequence[Priced]) -> dict[str, np.ndarray]:

@@ -149,6 +149,29 @@ def test_tenstorrent_profiles_carry_the_fitted_factors_and_every_figure_says_how
     assert min(C.OVERHEAD_GRID) >= 2.2e-6 and max(C.OVERHEAD_GRID) <= 9e-6  # tt-metal #12074's range
 
 
+def test_load_reads_the_committed_fit_per_stack_as_the_writer_wrote_it_and_the_profiles_use_it():
+    """`load` returns what bench_calibration.py --write puts in the file: a `Fit` with each stack's
+    `Factors` (written as ``vars(factors)``) and the RMS log error; the Tenstorrent profiles carry
+    the calibrated stack's factors from it, figure for figure."""
+    from planner.hardware import CALIBRATED_STACK
+
+    data = json.loads(C.CALIBRATION_FILE.read_text())
+    fit = C.load()
+    assert isinstance(fit, C.Fit) and set(fit.factors) == set(data["factors"]) == set(C.STACKS)
+    for stack, f in fit.factors.items():
+        assert isinstance(f, C.Factors) and vars(f) == data["factors"][stack]
+    assert fit.rms_log_error == data["rms_log_error"] and data["per_stack"] == list(C.PER_STACK)
+    ours = fit.factors[CALIBRATED_STACK]
+    for p in PROFILES.values():
+        if p.vendor == "tenstorrent":
+            priced = C.calibrated(p, ours, "test")
+            assert (float(p.efficiency), float(p.link_efficiency), float(p.op_overhead)) == (
+                float(priced.efficiency),
+                float(priced.link_efficiency),
+                float(priced.op_overhead),
+            ), p.name
+
+
 def test_every_published_row_names_a_profile_and_a_mesh_of_its_size():
     for r in C.PUBLISHED:
         hw = get_profile(r.system)
