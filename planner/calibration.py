@@ -162,13 +162,14 @@ def forward_terms(graph: Graph, plan, hw: HardwareProfile, stack: Stack, scheme:
     names = mesh.axis_names
     sp = (names[scheme.sp],) if scheme.sp is not None else ()
     tp = (names[scheme.tp],)
-    per_op: dict[str, tuple[float, bool, int]] = {}
-    for ev, times in fwd.parts:
+    # keyed by (part, node): a block range under its own decisions is another part naming the same ops
+    per_op: dict[tuple[int, str], tuple[float, bool, int]] = {}
+    for i, (ev, times) in enumerate(fwd.parts):
         for name, (roof, kernel) in ev.per_op.items():
-            per_op[name] = (roof, kernel, times)
-    overlapped: dict[str, list] = {}  # compute node -> [kind, latency, transfer, n, times]
+            per_op[i, name] = (roof, kernel, times)
+    overlapped: dict[tuple[int, str], list] = {}  # (part, compute node) -> [kind, latency, transfer, n, times]
     latency = transfer = 0.0
-    for e, times in fwd.events:
+    for e, times, part in fwd.events:
         node = by_loc.get(e.where)
         site = _overlap_site(g, node, e, stack, sp, tp) if node is not None else None
         lat, xfer = collective_terms(e.kind, e.bytes, e.axes, mesh, nhw)
@@ -182,15 +183,15 @@ def forward_terms(graph: Graph, plan, hw: HardwareProfile, stack: Stack, scheme:
             lat, xfer = collective_terms("collective-permute", e.bytes / n, sp, mesh, nhw)
         else:
             n = 1
-        acc = overlapped.setdefault(at.name, [kind, 0.0, 0.0, n, times])
+        acc = overlapped.setdefault((part, at.name), [kind, 0.0, 0.0, n, times])
         acc[1] = max(acc[1], lat)  # K and V travel together: one latency, their bytes summed
         acc[2] += xfer
     overlaps = []
     roofline = kernels = 0.0
-    for name, (roof, kernel, times) in per_op.items():
+    for key, (roof, kernel, times) in per_op.items():
         kernels += kernel * times
-        if name in overlapped:
-            kind, lat, xfer, n, t = overlapped[name]
+        if key in overlapped:
+            kind, lat, xfer, n, t = overlapped[key]
             overlaps.append(Overlap(kind, roof, lat, xfer, n, t))
         else:
             roofline += roof * times

@@ -132,6 +132,29 @@ def test_the_range_is_data_in_the_plan_dump_and_in_words_in_plan_md_and_explain(
     assert words in explain(rep, d.macro)
 
 
+def test_price_plan_prices_each_block_range_with_its_own_decisions_as_the_planner_did(tiny4, mixed):
+    """`price_plan` of the plan with an FSDP block range is the planner's own prediction: the blocks of
+    the range pay their weight gathers (block 0 does not stand for them). Memory: the weights of every
+    block and the largest live set of the blocks are the planner's figure; `price_plan` also counts
+    the prologue's and epilogue's live sets, which the planner's memory model leaves out."""
+    from planner.autoplan import evaluate_forward, price_plan
+    from planner.pricing import activation_bytes
+
+    _, _, graph = tiny4
+    plan, _ = mixed
+    priced, want = price_plan(graph, plan, "wh-loudbox"), plan.predicted
+    assert priced.step_seconds == pytest.approx(want.step_seconds, rel=1e-9)
+    assert priced.compute_seconds == pytest.approx(want.compute_seconds, rel=1e-9)
+    assert priced.comm_seconds == pytest.approx(want.comm_seconds, rel=1e-9)
+    fwd = evaluate_forward(graph, plan, "wh-loudbox")
+    blocks = max(activation_bytes(ev) for ev, _ in fwd.parts[1:-1])
+    assert int(fwd.weight_bytes + blocks) == want.memory_bytes_per_device
+    ends = max(activation_bytes(ev) for ev, _ in (fwd.parts[0], fwd.parts[-1]))
+    assert priced.memory_bytes_per_device == int(fwd.weight_bytes + max(blocks, ends))
+    (d,) = [d for d in plan.decisions if d.fsdp_blocks is not None]
+    assert [times for _, times in fwd.parts[1:-1]] == [d.fsdp_blocks[0], d.fsdp_blocks[1] - d.fsdp_blocks[0]]
+
+
 def test_fsdp_blocks_given_by_the_caller_are_checked(tiny4):
     _, _, graph = tiny4
     mesh = parse_mesh("2x4")
