@@ -127,6 +127,25 @@ def run_with_backend(
     return out, ref, program
 
 
+def tightest_budget(module: torch.nn.Module, inputs: Mapping[str, Any], **options: Any) -> float:
+    """The smallest per-device budget (GB) the planner accepts for `module` called with `inputs` under these
+    backend options: the ``need_gb`` of the `MemoryBudgetError` a 1e-9 GB budget raises (nothing is lowered).
+    With ``cfg_parallel="on"`` the refusal is a `CfgInfeasible` listing every option: the least a split needs."""
+    from planner.cfg import CfgInfeasible
+    from planner.plan import MemoryBudgetError
+
+    try:
+        run_with_backend(module, inputs, reference=False, **{**options, "memory_gb": 1e-9})
+    except (MemoryBudgetError, CfgInfeasible) as e:  # the backend's errors, caught as themselves
+        if isinstance(e, MemoryBudgetError):
+            return e.need_gb
+        needs = [o.memory_needed_bytes for o in e.options if o.split_axis is not None and o.memory_needed_bytes]
+        if not needs:
+            raise
+        return (min(needs) + 1) / 1e9  # the record keeps whole bytes, rounded down
+    raise AssertionError(f"a 1e-9 GB budget planned {type(module).__name__}")
+
+
 def placeholder_args(graph: Graph, module: torch.nn.Module, inputs: Mapping[str, Any], *args: Any) -> list[Any]:
     """The flat argument list of a captured graph, from the module's parameters/buffers and the
     call's inputs (``args.N`` / ``kwargs.NAME`` placeholders)."""
@@ -229,7 +248,6 @@ def check_family(family: str, case: str, mesh: str = "2x4", **options: Any) -> F
     """Compile the tiny `family` (`wancompile.models.FAMILIES`) through the backend on `mesh` under
     `case` (`FAMILY_CASES`), call it, and compare with eager fp32 and the plan's prediction. Needs the
     SPMD runtime with the mesh's device count."""
-    from planner.plan import MemoryBudgetError
     from wancompile.models import build_family
 
     tight, extra = FAMILY_CASES[case]
@@ -239,13 +257,7 @@ def check_family(family: str, case: str, mesh: str = "2x4", **options: Any) -> F
     options = {"mesh": mesh, **extra, **options}
     budget = None
     if tight:
-        try:
-            run_with_backend(model, inputs, reference=False, **{**options, "memory_gb": 1e-9})
-        except MemoryBudgetError as e:  # the backend's error, caught as itself around the compiled call
-            budget = e.need_gb
-        else:
-            raise AssertionError(f"{family}: a 1e-9 GB budget planned")
-        options["memory_gb"] = budget
+        budget = options["memory_gb"] = tightest_budget(model, inputs, **options)
     out, _, program = run_with_backend(model, inputs, reference=False, **options)
     sizes = {n: p.numel() for n, p in model.named_parameters()}
     sharded = sum(sizes.get(p, 0) for p in program.plan.sharded_params())
