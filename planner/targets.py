@@ -78,6 +78,9 @@ class Target:
     modelled_by_rules: bool = False
     # with a dump_dir, the backend writes each program's Shardy export for this target's compiler (`wancompile.tt.export`)
     exports_shardy: bool = False
+    # its compiler runs these op families as one fused kernel each when the program hands them over as composites
+    # (`wancompile.composites`: tt-mlir's tenstorrent.* composites -> ttnn.scaled_dot_product_attention, ...)
+    composites: tuple[str, ...] = ()
 
     def halos_as(self, name: str) -> bool:
         """Whether target `name` gets a spatially split convolution's halo the way this one does (`spatial_halo`)."""
@@ -152,6 +155,7 @@ TARGETS = {
         unlowerable=("collective-permute",),
         results_in_mesh_order=True,
         exports_shardy=True,
+        composites=("attention", "layer_norm", "rms_norm", "gelu"),
         no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
         meshes=frozenset(
             {(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8)}

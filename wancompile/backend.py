@@ -130,7 +130,9 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
             plan = pin_layouts(graph, plan, request)
         started = time.perf_counter()
         xmesh = mesh_for_plan(mesh_obj, plan.mesh)  # CFG split: 3-D view
-        program = ShardedProgram(gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model, target=target)
+        program = ShardedProgram(
+            gm, graph, plan, xmesh, fold=opts.fold_parameters, kind=model, target=target, fused=opts.fused_ops
+        )
         program.compile_times = CompileTimes(plan_s, time.perf_counter() - started, cached)
         if opts.dump_dir is not None and target.exports_shardy:
             from wancompile.tt.export import ShardyExport

@@ -22,7 +22,7 @@ from planner.mesh import PartitionSpec
 from planner.pins import PIN_REASONS, READ_PIN_REASON
 from planner.plan import Plan, PlanError
 from planner.targets import Target
-from wancompile import meshes
+from wancompile import composites, meshes
 from wancompile.legalize import layer_norm_decomposed
 
 # FX code can only embed literals, so in-graph constraint calls name their mesh by a key
@@ -148,12 +148,16 @@ def _surviving_readers(graph: Graph, fx_nodes: dict, name: str) -> list[fx.Node]
     return [r for u in graph.users(name) for r in _surviving_readers(graph, fx_nodes, u.name)]
 
 
-def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, target: Target) -> fx.GraphModule:
+def insert_constraints(
+    gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, target: Target, fused: bool = True
+) -> fx.GraphModule:
     """Return a copy of `gm` with a sharding-constraint call after every constrained op (in plan
     order where one op has several) and, for constraints on an op's input, a constrained copy of
     that input before its first reader (readers of one value with one spec share the copy). The
     layouts ops written out with pinned intermediates add (`_halo_conv`) are in its
-    ``meta["pinned_specs"]``."""
+    ``meta["pinned_specs"]``. Where the target runs fused kernels for composites (`Target.composites`) and
+    `fused`, the calls it can run on a shard emit them in the exported program (`wancompile.composites`);
+    every candidate and why it stayed decomposed is in ``meta["fused_sites"]``."""
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())  # leave dynamo's graph untouched
     by_location = graph.by_location()
     fx_nodes = {n.name: n for n in gm.graph.nodes}
@@ -161,10 +165,12 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, 
     key = _register(mesh)
     last: dict[fx.Node, fx.Node] = {}  # op -> its last constraint call so far
     pinned = _pinned_decompositions()
+    target_composites = target.composites  # `target` is rebound to graph nodes below
     halos = {} if target.spatial_halo else _HALO_CONVS  # the program carries the halo where the target does not
     specs: set = set()
     weight_reads: set = set()
     copies: dict[tuple[fx.Node, tuple], list[fx.Node]] = {}  # (value, spec) -> readers
+    computes_in: dict[fx.Node, tuple] = {}  # op -> the layout its first pin fixes (the layout it computes in)
     for c in plan.activations:
         node = by_location.get(c.location)
         if node is None:
@@ -177,6 +183,8 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, 
                 weight_reads.add(copy_key)
             continue
         target = _surviving(graph, fx_nodes, node.name)
+        if target not in last and c.reason in PIN_REASONS and c.output == 0:
+            computes_in[target] = tuple(c.spec)
         if target.op == "call_function" and target.target in pinned and target not in last and c.reason in PIN_REASONS:
             target.target = pinned[target.target]
             target.kwargs = {**target.kwargs, "mesh_key": key, "spec": tuple(c.spec)}
@@ -203,4 +211,5 @@ def insert_constraints(gm: fx.GraphModule, graph: Graph, plan: Plan, mesh: Any, 
     gm.graph.lint()
     gm.recompile()
     gm.meta["pinned_specs"] = specs
+    gm.meta["fused_sites"] = composites.mark_sites(gm, computes_in, pinned) if fused and target_composites else ()
     return gm

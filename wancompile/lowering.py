@@ -33,6 +33,7 @@ from planner.mesh import PartitionSpec
 from planner.plan import Plan, replicated_params
 from planner.request import PlanRequest
 from planner.targets import Target
+from wancompile import composites
 from wancompile.constraints import insert_constraints
 from wancompile.hlo_record import HloRecord, program_key
 from wancompile.legalize import legalize, place_factories
@@ -68,6 +69,7 @@ class ShardedProgram:
         fold: bool = True,
         kind: str = "graph",
         target: Optional[Target] = None,
+        fused: bool = True,
     ) -> None:
         import torch_xla
 
@@ -82,7 +84,9 @@ class ShardedProgram:
         self.device = torch_xla.device()
         legal = place_factories(legalize(gm)[0] if legalize_ops else gm, self.device)[0]
         target = target if target is not None else PlanRequest.for_plan(plan).target
-        self.lowered = insert_constraints(legal, graph, plan, mesh, target)
+        self.lowered = insert_constraints(legal, graph, plan, mesh, target, fused=fused)
+        # the calls the target runs as fused kernels (`wancompile.composites`), and why the others are not
+        self.fused_sites = self.lowered.meta["fused_sites"]
         # every layout the program marks: the plan's, and those of ops written out with pinned intermediates
         self.specs = frozenset(
             {tuple(s) for s in plan.params.values()}
@@ -155,7 +159,7 @@ class ShardedProgram:
                 xla_args,
                 self.device,
                 refuse=self._host_moves or "",
-                sink=(lambda outs: sink("main", outs)) if sink is not None else None,
+                sink=(lambda outs: sink("main", self._exported(xla_args, outs))) if sink is not None else None,
             )
             self.traces += 1
             if replay is not None:
@@ -192,11 +196,29 @@ class ShardedProgram:
             if self.fold is not None:
                 xla_args = [a if keep else None for a, keep in zip(xla_args, self.fold.split.main_reads)]
                 xla_args += self._folded(args, xla_args)
-            outs = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
+            with composites.emitting():
+                outs = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
             self.stablehlo_sink("main", outs)
         self.traces += 1
         torch_xla._XLAC._clear_pending_irs(str(self.device))
         return len(outs)
+
+    def _exported(self, xla_args: Sequence[Any], outs: list) -> list:
+        """The traced outputs of the program as exported: `outs` itself, or where fused ops emit composites
+        (`fused_sites`), the same program traced once more with them emitted (XLA:CPU cannot run their
+        markers, so the program that runs is the first trace); that second trace is never compiled."""
+        import torch.utils._pytree as pytree
+        import torch_xla
+
+        if not any(not s.why_not for s in self.fused_sites):
+            return outs
+        tensors = [a for a in xla_args if isinstance(a, torch.Tensor)]
+        pending = torch_xla._XLAC._check_tensor_need_materialization(tensors)
+        with composites.emitting():
+            exported = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
+        if torch_xla._XLAC._check_tensor_need_materialization(tensors) != pending:
+            raise RuntimeError("the program writes into its inputs: it cannot be traced a second time for its export")
+        return exported
 
     def program_args(self, args: Sequence[Any]) -> list[Any]:
         """The lowered program's arguments for a call with the graph's inputs `args`: on the device,

@@ -58,6 +58,9 @@ class Options:
     # Compute parameter-only subgraphs (packed weights) once per parameter version (wancompile.fold); False keeps
     # them in the program, recomputed per call (for measuring what folding saves).
     fold_parameters: bool = True
+    # Hand the target's compiler the ops it runs as fused kernels as composites (`wancompile.composites`; tt-mlir:
+    # attention, LayerNorm, RMSNorm, GELU -> one TTNN kernel each); False exports them decomposed. gspmd: no effect.
+    fused_ops: bool = True
     # Where plans (by graph hash) and XLA's compiled programs persist across processes (wancompile.cache), e.g.
     # "~/.cache/wancompile"; None (the default), "off" or "": nothing persists.
     cache_dir: Optional[Path] = None
@@ -109,6 +112,7 @@ _KNOWN = frozenset(
         "cfg_parallel",
         "target",
         "fold_parameters",
+        "fused_ops",
         "cache_dir",
     }
 )
@@ -214,6 +218,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         cfg_pair_splittable=cfg_pair_splittable,
         target=target,
         fold_parameters=fold_parameters,
+        fused_ops=_parse_bool("fused_ops", raw.get("fused_ops", True)),
         cache_dir=cache_dir,
     )
 

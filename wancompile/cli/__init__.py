@@ -192,7 +192,12 @@ def _parser() -> argparse.ArgumentParser:
         "planned for all of them; exported without running",
     )
     tt.add_argument("--resolution", default="720p", help="full size: as `wancompile plan --resolution`")
-    tt.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"], help="full size: as loaded")
+    tt.add_argument(
+        "--dtype",
+        default=None,
+        choices=["bfloat16", "float32"],
+        help="the model as a pipeline loads it in this dtype (default: bfloat16 at full size, float32 for a tiny model)",
+    )
     count_flag(tt, "--experts", None, "full size: weight sets resident per device (default 2 for A14B, else 1)")
     count_flag(tt, "--batch", 1, "2: a CFG pair as one forward")
     tt.add_argument("--cfg-parallel", choices=["auto", "on", "off"], default="auto")

@@ -41,6 +41,7 @@ def tt_check_command(args: argparse.Namespace) -> int:
             cfg_parallel=args.cfg_parallel,
             hardware=args.hardware,
             t_chunk=args.t_chunk,
+            dtype=args.dtype or "float32",
         )
     except TtUnavailable as e:
         raise UsageError(str(e)) from None
@@ -120,7 +121,9 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
         if vae:
             report = check_full_size_vae(*what, **common)
         else:
-            report = check_full_size(*what, blocks=args.blocks, dtype=args.dtype, weight_sets=args.experts, **common)
+            report = check_full_size(
+                *what, blocks=args.blocks, dtype=args.dtype or "bfloat16", weight_sets=args.experts, **common
+            )
     except TtUnavailable as e:
         raise UsageError(str(e)) from None
     _record_memory(out / "plan.json", report.checks)

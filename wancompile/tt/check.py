@@ -54,6 +54,7 @@ class ProgramCheck:
     memory: Optional[ttnn.Memory] = None  # the TTNN program's DRAM per chip, walked op by op
     planned_bytes: Optional[int] = None  # the planner's per-device estimate (plan.predicted), for the main program
     compiler_peak_bytes: int = 0  # the compiler process's peak resident memory on this host
+    options: Mapping[str, str] = field(default_factory=dict)  # the compile options it was compiled with
 
     @property
     def memory_ratio(self) -> Optional[float]:
@@ -69,6 +70,7 @@ class ProgramCheck:
     def to_json(self) -> dict:
         return {
             **_attrs(self, "program", "system", "compiled", "error", "seconds", "as_predicted", "compiler_peak_bytes"),
+            "options": dict(self.options),
             "collectives": [
                 {
                     "kind": m.kind,
@@ -116,6 +118,19 @@ def on_device(collectives: Iterable[Collective], mesh: MeshSpec, device: MeshSpe
     return [replace(c, axes=tuple(dict.fromkeys(to[a] for a in c.axes))) for c in collectives]
 
 
+# tt-mlir decomposes ttnn.scaled_dot_product_attention back into matmul + softmax + matmul unless its op model
+# validates the kernel, which only the optimizer (optimization_level >= 1) does; level 1 also validates every
+# other op (a tiny DiT: ~20 s more) and refuses conv3d ("not linked in this libtt build"), so a program is
+# compiled at level 1 only where it hands over fused attention (tt-xla compiles Wan's DiT at level 1 too).
+_LEVEL_1_FOR = ('stablehlo.composite "tenstorrent.scaled_dot_product_attention"',)
+
+
+def compile_options(module: Path) -> dict[str, str]:
+    """The tt-xla compile options a Shardy module is compiled with (`_LEVEL_1_FOR`)."""
+    text = Path(module).read_text()
+    return {"optimization_level": "1" if any(m in text for m in _LEVEL_1_FOR) else "0"}
+
+
 def check_programs(
     programs: Mapping[str, Path],
     predicted: Mapping[str, Iterable[Collective]],
@@ -133,16 +148,19 @@ def check_programs(
     out: list[ProgramCheck] = []
     for name, module in programs.items():
         export = Path(out_dir) / f"{name}.{system}"
-        res = env.run_worker(["compile", str(module), str(desc), str(export)])
+        options = compile_options(module)
+        res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(options)])
         line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
         if line is None:
             tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-            out.append(ProgramCheck(name, system, False, f"the compiler process failed: {tail[0]}"))
+            out.append(ProgramCheck(name, system, False, f"the compiler process failed: {tail[0]}", options=options))
             continue
         r = json.loads(line[len("TT-CHECK ") :])
         peak = int(r.get("peak_rss_bytes", 0))
         if not r["ok"]:
-            out.append(ProgramCheck(name, system, False, r["error"], r["seconds"], compiler_peak_bytes=peak))
+            out.append(
+                ProgramCheck(name, system, False, r["error"], r["seconds"], compiler_peak_bytes=peak, options=options)
+            )
             continue
         text = Path(r["ttnn"]).read_text()
         observed = ttnn.parse_collectives(text, mesh)
@@ -160,6 +178,7 @@ def check_programs(
                 ttnn.memory(text),
                 (planned_bytes or {}).get(name),
                 peak,
+                options,
             )
         )
     return out
@@ -210,8 +229,10 @@ def check_compiled(
 def format_checks(checks: Iterable[ProgramCheck]) -> str:
     lines = []
     for c in checks:
-        head = f"{c.program} on {c.system}: " + (
-            f"compiled in {c.seconds:.1f} s" if c.compiled else f"REFUSED: {c.error}"
+        head = (
+            f"{c.program} on {c.system}: "
+            + (f"compiled in {c.seconds:.1f} s" if c.compiled else f"REFUSED: {c.error}")
+            + "".join(f" ({k} {v})" for k, v in c.options.items())
         )
         lines.append(head)
         if not c.compiled:
@@ -278,11 +299,13 @@ def check_model(
     cfg_parallel: str = "auto",
     hardware: Optional[str] = None,
     t_chunk: Optional[int] = None,
+    dtype: str = "float32",
 ) -> ModelCheck:
     """Compile `model`'s `component` (a tiny random-weight config) with ``target="tt-mlir"`` on
     ``mesh.size`` virtual CPU devices, run it once (numerics against eager fp32: the pinned plan on
-    GSPMD), then compile every program the call wrote through tt-mlir for each system. Starts the XLA
-    runtime: call it in a process where it has not started."""
+    GSPMD), then compile every program the call wrote through tt-mlir for each system. `dtype`: the DiT
+    as a pipeline loads it in that dtype (`wancompile.models.as_loaded`; inputs likewise), its numerics still
+    against eager fp32. Starts the XLA runtime: call it in a process where it has not started."""
     import torch
 
     from planner.pins import pin_count
@@ -314,12 +337,18 @@ def check_model(
         from wancompile.models import build_transformer, transformer_inputs
 
         options["cfg_parallel"] = cfg_parallel
+        from wancompile.models import as_loaded
+
         module = build_transformer(model)
         inputs = transformer_inputs(model, "tiny", frames, batch=batch)
+        with torch.no_grad():
+            eager = module(**inputs, return_dict=False)[0]  # fp32: the reference in every dtype
+        if dtype != "float32":
+            module = as_loaded(module, getattr(torch, dtype))
+            inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
         compiled = torch.compile(module, backend="wan_autoshard", options=options, fullgraph=True)
         with torch.no_grad():
-            out = compiled(**inputs, return_dict=False)[0]
-            eager = module(**inputs, return_dict=False)[0]
+            out = compiled(**inputs, return_dict=False)[0].float()
     result = numerics(out, eager)
     programs = [p for p in recent_programs() if p.stablehlo_sink is not None and p.stablehlo_sink.written]
     checks = check_compiled(programs, systems, out_dir)

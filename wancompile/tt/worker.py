@@ -15,7 +15,7 @@ jax clashes with the user's; `wancompile.tt.env`).
     each (`wancompile.tt.export`) — so every Shardy sharding is a plan's spec; an annotation the plan
     did not make is an error, never a guess. Dimension shardings are closed: Shardy may not add axes.
 
-``compile MODULE.tt.mlir SYSTEM.ttsys EXPORT_DIR``
+``compile MODULE.tt.mlir SYSTEM.ttsys EXPORT_DIR [OPTIONS_JSON]``
     compile-only through tt-mlir (``TT_COMPILE_ONLY_SYSTEM_DESC``: no device is opened): StableHLO →
     TTIR → TTNN → flatbuffer for the descriptor's chips, every IR stage under ``EXPORT_DIR/irs``, TTNN's
     perf metrics beside it. Prints one JSON object: ``ok``, ``error`` (the compiler's first error line),
@@ -146,13 +146,16 @@ def _pin_constants(root) -> int:
     LayerNorm on a token-split hidden state was computed split over ``model`` too, with an all-to-all and
     an all-gather no plan has; in the VAE a broadcast scalar (``F.normalize``'s clamp bound) shared by
     every resblock carried a channel split into the replicated ones. Replicated at each use, such a value
-    is sliced locally where its reader is split (``ttnn.mesh_partition``). Returns how many uses were
-    pinned."""
+    is sliced locally where its reader is split (``ttnn.mesh_partition``). A composite's decomposition is
+    left alone: tt-mlir flattens composites for Shardy and outlines them again afterwards, and a constraint
+    inside the group keeps it from being outlined (measured: a pinned ``tenstorrent.gelu_tanh`` or
+    ``tenstorrent.layer_norm`` was lowered as its decomposition, unpinned each is one TTNN kernel). Returns
+    how many uses were pinned."""
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import sdy
 
     pinned = 0
-    for o in list(_walk(root)):
+    for o in list(_walk_outside_composites(root)):
         if not _splat_like(o):
             continue
         rank = ir.RankedTensorType(o.results[0].type).rank
@@ -170,6 +173,23 @@ def _pin_constants(root) -> int:
     return pinned
 
 
+def _walk_outside_composites(module):
+    """Every op of `module` but those of the functions its ``stablehlo.composite`` ops decompose into."""
+    from jaxlib.mlir import ir
+
+    decompositions = {
+        ir.FlatSymbolRefAttr(o.attributes["decomposition"]).value
+        for o in _walk(module)
+        if o.name == "stablehlo.composite"
+    }
+    for fn in module.regions[0].blocks[0].operations:
+        fn = fn.operation
+        if fn.name == "func.func" and ir.StringAttr(fn.attributes["sym_name"]).value in decompositions:
+            continue
+        yield fn
+        yield from _walk(fn)
+
+
 def _walk(op):
     for region in op.regions:
         for block in region.blocks:
@@ -185,8 +205,10 @@ def _prod(xs) -> int:
     return out
 
 
-def compile_module(src: str, system_desc: str, export: str) -> dict:
-    """Compile-only through the plugin; returns the result object (see the module docstring)."""
+def compile_module(src: str, system_desc: str, export: str, options_json: str = "{}") -> dict:
+    """Compile-only through the plugin with the compile options `options_json` (a JSON object of tt-xla's
+    compile-option strings, e.g. ``{"optimization_level": "1"}``; default level 0); returns the result
+    object (see the module docstring)."""
     os.environ["TT_COMPILE_ONLY_SYSTEM_DESC"] = system_desc
     os.environ.setdefault("JAX_PLATFORMS", "tt")
     import numpy as np
@@ -226,6 +248,7 @@ def compile_module(src: str, system_desc: str, export: str) -> dict:
                 "export_path": export,
                 "export_model_name": "program",
                 "optimization_level": "0",
+                **json.loads(options_json),
                 "ttnn_perf_metrics_enabled": "true",
                 "ttnn_perf_metrics_output_file": metrics,
             },

@@ -1,0 +1,62 @@
+"""tt-mlir's fused kernels: a bf16 DiT hands tt-mlir its attention, norms and GELU as ``tenstorrent.*``
+composites (`wancompile.composites`), and the program tt-mlir compiles runs each as one TTNN kernel — with
+exactly the plan's collectives, and on CPU the numbers of eager bf16."""
+
+from __future__ import annotations
+
+import collections
+import re
+
+import pytest
+import torch
+from test_tt import _tt_check, needs_tt
+
+
+def _kernels(ttnn_ir: str) -> collections.Counter:
+    with open(ttnn_ir) as f:
+        return collections.Counter(re.findall(r'"(ttnn\.\w+)"', f.read()))
+
+
+@needs_tt
+@pytest.mark.slow
+def test_bf16_auto_plan_runs_fused_attention_norms_and_gelu_through_tt_mlir_as_predicted():
+    """The tiny DiT (2 blocks: 4 attention calls, 7 LayerNorms, 8 RMSNorms of q/k, 3 GELUs) as a pipeline loads
+    it (bf16), the auto plan at its smallest budget on 2x4, compiled for bh-2x4: every attention call is one
+    ``ttnn.scaled_dot_product_attention`` (no softmax left: no score matrix), every LayerNorm and GELU one
+    kernel, the RMSNorms whose normalized dim the plan keeps whole one ``ttnn.rms_norm`` (the plan splits the
+    other 4 over ``batch``: they stay decomposed, their statistic all-reduced, as predicted); TTNN's
+    collectives are the predicted ones; the program was compiled at optimization_level 1 (the level at which
+    tt-mlir keeps fused attention)."""
+    report = _tt_check(
+        "--mesh", "2x4", "--memory-gb", "0.00025", "--dtype", "bfloat16", "--rewrites", "all", "--system", "bh-2x4"
+    )
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit")
+    assert main["compiled"] and main["as_predicted"], main
+    assert main["options"] == {"optimization_level": "1"}
+    k = _kernels(main["ttnn_ir"])
+    assert k["ttnn.scaled_dot_product_attention"] == 4 and k["ttnn.softmax"] == 0, k
+    assert k["ttnn.layer_norm"] == 7 and k["ttnn.gelu"] == 3 and k["ttnn.rms_norm"] == 4, k
+    # eager bf16 of this model is PCC 0.999985 / max-abs 0.0103 from eager fp32 (tests/test_bf16.py): within 2x
+    eager_bf16_error = 1 - 0.999985
+    assert 1 - report["pcc"] <= 2 * eager_bf16_error and report["max_abs"] <= 2 * 0.0103, report
+
+
+def test_fp32_attention_stays_decomposed_and_the_option_turns_composites_off(spmd):
+    """tt-mlir's fused attention takes bf16 only: an fp32 DiT's attention stays matmul + softmax + matmul (its
+    norms and GELU are still fused); ``fused_ops=False`` exports every op decomposed; on gspmd nothing is marked."""
+    from wancompile.models import build_transformer, transformer_inputs
+    from wancompile.programs import recent_programs
+
+    model, inputs = build_transformer("tiny"), transformer_inputs("tiny", "tiny", 9)
+
+    def sites(**options):
+        compiled = torch.compile(model, backend="wan_autoshard", options={"mesh": "2x4", **options}, fullgraph=True)
+        with torch.no_grad():
+            compiled(**inputs, return_dict=False)
+        return recent_programs()[-1].fused_sites
+
+    fp32 = sites(target="tt-mlir")
+    attention = [s for s in fp32 if s.family == "attention"]
+    assert len(attention) == 4 and all("fp32" in s.why_not for s in attention)
+    assert all(not s.why_not for s in fp32 if s.family in ("layer_norm", "gelu"))
+    assert sites(target="tt-mlir", fused_ops=False) == () and sites(target="gspmd") == ()
