@@ -60,3 +60,24 @@ def test_fp32_attention_stays_decomposed_and_the_option_turns_composites_off(spm
     assert len(attention) == 4 and all("fp32" in s.why_not for s in attention)
     assert all(not s.why_not for s in fp32 if s.family in ("layer_norm", "gelu"))
     assert sites(target="tt-mlir", fused_ops=False) == () and sites(target="gspmd") == ()
+
+
+def test_fused_attention_is_compiled_at_level_1_unless_a_conv3d_would_be_refused_there(tmp_path):
+    """The compile options follow the program: level 1 (where tt-mlir keeps ``ttnn.scaled_dot_product_attention``)
+    for a module that hands over fused attention; level 0, with the reason, where it also holds a 3-D
+    convolution (level 1 refuses ttnn.conv3d); level 0 for a module without fused attention."""
+    from wancompile.tt.check import compile_options
+
+    sdpa = '%1 = stablehlo.composite "tenstorrent.scaled_dot_product_attention" %0 {decomposition = @sdpa}\n'
+    conv = "%2 = stablehlo.convolution(%a, %w) dim_numbers = [b, f, 0, 1, 2]x[o, i, 0, 1, 2]->[b, f, 0, 1, 2]\n"
+    conv2d = "%2 = stablehlo.convolution(%a, %w) dim_numbers = [b, f, 0, 1]x[o, i, 0, 1]->[b, f, 0, 1]\n"
+
+    def options(text):
+        (tmp_path / "m.mlir").write_text(text)
+        return compile_options(tmp_path / "m.mlir")
+
+    assert options(sdpa) == ({"optimization_level": "1"}, "")
+    assert options(sdpa + conv2d) == ({"optimization_level": "1"}, "")
+    level, why = options(conv + sdpa)
+    assert level == {"optimization_level": "0"} and "conv3d" in why and "patch_embed" in why
+    assert options(conv) == ({"optimization_level": "0"}, "")

@@ -86,6 +86,7 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
     import json
 
     from wancompile.models import MODELS
+    from wancompile.options import parse_rewrites
     from wancompile.tt.env import TtUnavailable
     from wancompile.tt.fullsize import VAE_LATENTS, check_full_size, check_full_size_vae
 
@@ -102,10 +103,10 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
         raise UsageError(f"--model {args.model} is full size: say how many of its blocks to compile, e.g. --blocks 2")
     if not vae and (args.model not in MODELS or args.model == "tiny"):
         raise UsageError(f"--blocks needs a full-size --model ({', '.join(m for m in MODELS if m != 'tiny')})")
-    if args.plan is not None or args.batch != 1 or args.rewrites != "none" or args.t_chunk is not None:
+    if args.plan is not None or args.batch != 1 or args.t_chunk is not None or (vae and args.rewrites != "none"):
         raise UsageError(
-            "a full-size check plans the model itself (batch 1, no rewrites, full-T); drop --plan, --batch, "
-            "--rewrites, --t-chunk"
+            "a full-size check plans the model itself (batch 1, full-T; a VAE without rewrites); drop --plan, "
+            "--batch, --t-chunk" + (", --rewrites" if vae else "")
         )
     spec = MODELS[VAE_LATENTS[args.model] if vae else args.model]
     check_video(spec, args.resolution, args.frames or 81)
@@ -122,7 +123,12 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
             report = check_full_size_vae(*what, **common)
         else:
             report = check_full_size(
-                *what, blocks=args.blocks, dtype=args.dtype or "bfloat16", weight_sets=args.experts, **common
+                *what,
+                blocks=args.blocks,
+                dtype=args.dtype or "bfloat16",
+                weight_sets=args.experts,
+                rewrites=parse_rewrites(args.rewrites),
+                **common,
             )
     except TtUnavailable as e:
         raise UsageError(str(e)) from None

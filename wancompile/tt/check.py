@@ -22,6 +22,7 @@ carry no time estimate on a multi-chip mesh.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Iterable, Mapping, Optional
@@ -55,6 +56,7 @@ class ProgramCheck:
     planned_bytes: Optional[int] = None  # the planner's per-device estimate (plan.predicted), for the main program
     compiler_peak_bytes: int = 0  # the compiler process's peak resident memory on this host
     options: Mapping[str, str] = field(default_factory=dict)  # the compile options it was compiled with
+    level_0_because: str = ""  # why a program that hands over fused attention was compiled at level 0
 
     @property
     def memory_ratio(self) -> Optional[float]:
@@ -71,6 +73,7 @@ class ProgramCheck:
         return {
             **_attrs(self, "program", "system", "compiled", "error", "seconds", "as_predicted", "compiler_peak_bytes"),
             "options": dict(self.options),
+            "level_0_because": self.level_0_because,
             "collectives": [
                 {
                     "kind": m.kind,
@@ -120,15 +123,27 @@ def on_device(collectives: Iterable[Collective], mesh: MeshSpec, device: MeshSpe
 
 # tt-mlir decomposes ttnn.scaled_dot_product_attention back into matmul + softmax + matmul unless its op model
 # validates the kernel, which only the optimizer (optimization_level >= 1) does; level 1 also validates every
-# other op (a tiny DiT: ~20 s more) and refuses conv3d ("not linked in this libtt build"), so a program is
-# compiled at level 1 only where it hands over fused attention (tt-xla compiles Wan's DiT at level 1 too).
-_LEVEL_1_FOR = ('stablehlo.composite "tenstorrent.scaled_dot_product_attention"',)
+# other op (a tiny DiT: ~20 s more) and refuses conv3d ("not linked in this libtt build" in the compile-only
+# libtt), so a program is compiled at level 1 where it hands over fused attention and holds no 3-D
+# convolution (tt-xla compiles Wan's DiT at level 1 too). A DiT's only conv3d is its patch embedding, which
+# the ``patch_embed`` rewrite turns into a Linear; the VAE is all conv3d and holds no attention composite.
+_LEVEL_1_FOR = 'stablehlo.composite "tenstorrent.scaled_dot_product_attention"'
+_CONV3D = re.compile(r"stablehlo\.convolution[^\n]*dim_numbers = \[b, f, 0, 1, 2\]")
 
 
-def compile_options(module: Path) -> dict[str, str]:
-    """The tt-xla compile options a Shardy module is compiled with (`_LEVEL_1_FOR`)."""
+def compile_options(module: Path) -> tuple[dict[str, str], str]:
+    """The tt-xla compile options a Shardy module is compiled with, and why not level 1 where the module
+    hands over fused attention but holds an op level 1 refuses ("" otherwise)."""
     text = Path(module).read_text()
-    return {"optimization_level": "1" if any(m in text for m in _LEVEL_1_FOR) else "0"}
+    if _LEVEL_1_FOR not in text:
+        return {"optimization_level": "0"}, ""
+    if _CONV3D.search(text):
+        why = (
+            "a 3-D convolution (level 1 refuses ttnn.conv3d: not linked in this libtt build), so fused attention "
+            "is decomposed at level 0; the patch_embed rewrite turns the DiT's patch embedding into a Linear"
+        )
+        return {"optimization_level": "0"}, why
+    return {"optimization_level": "1"}, ""
 
 
 def check_programs(
@@ -148,18 +163,31 @@ def check_programs(
     out: list[ProgramCheck] = []
     for name, module in programs.items():
         export = Path(out_dir) / f"{name}.{system}"
-        options = compile_options(module)
+        options, why = compile_options(module)
         res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(options)])
         line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
         if line is None:
             tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-            out.append(ProgramCheck(name, system, False, f"the compiler process failed: {tail[0]}", options=options))
+            out.append(
+                ProgramCheck(
+                    name, system, False, f"the compiler process failed: {tail[0]}", options=options, level_0_because=why
+                )
+            )
             continue
         r = json.loads(line[len("TT-CHECK ") :])
         peak = int(r.get("peak_rss_bytes", 0))
         if not r["ok"]:
             out.append(
-                ProgramCheck(name, system, False, r["error"], r["seconds"], compiler_peak_bytes=peak, options=options)
+                ProgramCheck(
+                    name,
+                    system,
+                    False,
+                    r["error"],
+                    r["seconds"],
+                    compiler_peak_bytes=peak,
+                    options=options,
+                    level_0_because=why,
+                )
             )
             continue
         text = Path(r["ttnn"]).read_text()
@@ -179,6 +207,7 @@ def check_programs(
                 (planned_bytes or {}).get(name),
                 peak,
                 options,
+                why,
             )
         )
     return out
@@ -233,6 +262,7 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
             f"{c.program} on {c.system}: "
             + (f"compiled in {c.seconds:.1f} s" if c.compiled else f"REFUSED: {c.error}")
             + "".join(f" ({k} {v})" for k, v in c.options.items())
+            + (f": level 0 because of {c.level_0_because}" if c.level_0_because else "")
         )
         lines.append(head)
         if not c.compiled:

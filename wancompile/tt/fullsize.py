@@ -157,17 +157,20 @@ def check_full_size(
     hardware: Optional[str] = None,
     memory_gb: Optional[float] = None,
     weight_sets: Optional[int] = None,
+    rewrites: tuple[str, ...] = (),
 ) -> FullSizeCheck:
     """Compile `blocks` blocks of the full-size `model` (a ``wancompile.models`` config) at `resolution`
     through tt-mlir for each of `systems`, planned for the whole model (module docstring). `hardware`:
-    the cost-model profile (default: the first system's); `weight_sets`: default 2 for the A14B experts.
+    the cost-model profile (default: the first system's); `weight_sets`: default 2 for the A14B experts;
+    `rewrites`: the backend's passes, run before planning as the backend runs them (``patch_embed`` keeps
+    the program free of conv3d, so that fused attention is compiled at optimization_level 1).
     Starts the XLA runtime: call it in a process where it has not started."""
     import torch
 
     from planner.forward import evaluate_forward
     from planner.pins import graph_collectives
     from planner.plan import save_plan
-    from wancompile.backend import wan_autoshard
+    from wancompile.backend import rewrite_graph, wan_autoshard
     from wancompile.capture import annotate, capture_fx
     from wancompile.models import as_loaded, build_transformer, get_model, transformer_inputs
     from wancompile.options import Options
@@ -186,13 +189,15 @@ def check_full_size(
     dt = getattr(torch, dtype)
     module = as_loaded(build_transformer(model, device="meta", num_layers=blocks), dt)
     gm = capture_fx(module, **transformer_inputs(model, resolution, frames, device="meta", dtype=dt), return_dict=False)
-    graph = annotate(gm, model=model)
     steps.done("capture")
 
-    options = _options(mesh, systems[0], hardware, memory_gb, weight_sets=sets)
-    request = request_for(Options.from_user(options), mesh, pad_heads=HeadPadder(gm, graph), num_blocks=num_blocks)
+    options = _options(mesh, systems[0], hardware, memory_gb, weight_sets=sets, rewrites=list(rewrites) or None)
+    opts = Options.from_user(options)
+    rewritten, records = rewrite_graph(gm, request_for(opts, mesh), opts.rewrites)
+    graph = annotate(rewritten, model=model)
+    request = request_for(opts, mesh, pad_heads=HeadPadder(rewritten, graph), num_blocks=num_blocks)
     plan = solve(graph, request)
-    plan = plan.with_(target="tt-mlir")
+    plan = plan.with_(target="tt-mlir", rewrites=records)
     save_plan(plan, out_dir / f"plan-{num_blocks}-blocks.json")
     cut = plan.first_blocks(blocks)
     cut = cut.with_(collectives=graph_collectives(graph, cut))  # the collectives of these blocks alone
