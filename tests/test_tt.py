@@ -393,3 +393,22 @@ def test_ttnn_memory_is_what_the_program_holds_between_its_allocations_and_deall
     assert mem.peak_op == "ttnn.multiply"
     assert mem.peak_logical_bytes == 2 * 8 * 40 * 4 + 64
     assert mem.tile_padding > 6
+
+
+def test_a_compiler_process_that_dies_is_reported_by_its_signal_and_its_failure_line():
+    """A compile whose process prints no result is refused with how it ended and the line of its log that
+    names the failure, not its last "info" line."""
+    from types import SimpleNamespace
+
+    from wancompile.tt.check import _process_failure
+
+    log = (
+        "| info | Loading system descriptor\nTT_FATAL: dispatch_core_manager (assert.hpp:104)\n| info | Closing devices"
+    )
+    died = SimpleNamespace(returncode=-11, stderr=log, stdout="")
+    assert _process_failure(died) == (
+        "the compiler process failed (killed by SIGSEGV): TT_FATAL: dispatch_core_manager (assert.hpp:104)"
+    )
+    assert _process_failure(SimpleNamespace(returncode=3, stderr="", stdout="")) == (
+        "the compiler process failed (exit 3): no output"
+    )

@@ -167,12 +167,7 @@ def check_programs(
         res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(options)])
         line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
         if line is None:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-            out.append(
-                ProgramCheck(
-                    name, system, False, f"the compiler process failed: {tail[0]}", options=options, level_0_because=why
-                )
-            )
+            out.append(ProgramCheck(name, system, False, _process_failure(res), options=options, level_0_because=why))
             continue
         r = json.loads(line[len("TT-CHECK ") :])
         peak = int(r.get("peak_rss_bytes", 0))
@@ -211,6 +206,24 @@ def check_programs(
             )
         )
     return out
+
+
+# the lines of a compiler's log that say what went wrong (its log is mostly "info" lines)
+_FAILURE = re.compile(r"error|fatal|critical|TT_THROW|Segmentation|Aborted", re.IGNORECASE)
+
+
+def _process_failure(res) -> str:
+    """What a compiler process that printed no result died of: its exit (a signal by name) and the last
+    line of its log that names a failure (else its last line)."""
+    import signal
+
+    rc = res.returncode
+    how = (
+        f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.Signals._value2member_map_ else f"exit {rc}"
+    )
+    lines = (res.stderr or res.stdout or "").strip().splitlines()
+    said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1] if lines else "no output")
+    return f"the compiler process failed ({how}): {said.strip()}"
 
 
 def _metrics(path: Optional[str]) -> dict[str, float]:
