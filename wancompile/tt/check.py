@@ -128,7 +128,7 @@ def on_device(collectives: Iterable[Collective], mesh: MeshSpec, device: MeshSpe
 # convolution (tt-xla compiles Wan's DiT at level 1 too). A DiT's only conv3d is its patch embedding, which
 # the ``patch_embed`` rewrite turns into a Linear; the VAE is all conv3d and holds no attention composite.
 _LEVEL_1_FOR = 'stablehlo.composite "tenstorrent.scaled_dot_product_attention"'
-_CONV3D = re.compile(r"stablehlo\.convolution[^\n]*dim_numbers = \[b, f, 0, 1, 2\]")
+_CONV3D = re.compile(r"stablehlo\.convolution[^\n]*dim_numbers = \[[^\]]*\b2\b")  # a third spatial dim
 
 
 def compile_options(module: Path) -> tuple[dict[str, str], str]:
@@ -164,25 +164,17 @@ def check_programs(
     for name, module in programs.items():
         export = Path(out_dir) / f"{name}.{system}"
         options, why = compile_options(module)
+        compiled_with = dict(options=options, level_0_because=why)
         res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(options)])
         line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
         if line is None:
-            out.append(ProgramCheck(name, system, False, _process_failure(res), options=options, level_0_because=why))
+            out.append(ProgramCheck(name, system, False, _process_failure(res), **compiled_with))
             continue
         r = json.loads(line[len("TT-CHECK ") :])
         peak = int(r.get("peak_rss_bytes", 0))
         if not r["ok"]:
             out.append(
-                ProgramCheck(
-                    name,
-                    system,
-                    False,
-                    r["error"],
-                    r["seconds"],
-                    compiler_peak_bytes=peak,
-                    options=options,
-                    level_0_because=why,
-                )
+                ProgramCheck(name, system, False, r["error"], r["seconds"], compiler_peak_bytes=peak, **compiled_with)
             )
             continue
         text = Path(r["ttnn"]).read_text()
@@ -218,9 +210,12 @@ def _process_failure(res) -> str:
     import signal
 
     rc = res.returncode
-    how = (
-        f"killed by {signal.Signals(-rc).name}" if rc < 0 and -rc in signal.Signals._value2member_map_ else f"exit {rc}"
-    )
+    how = f"exit {rc}"
+    if rc < 0:
+        try:
+            how = f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            pass
     lines = (res.stderr or res.stdout or "").strip().splitlines()
     said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1] if lines else "no output")
     return f"the compiler process failed ({how}): {said.strip()}"

@@ -193,9 +193,10 @@ def check_full_size(
 
     options = _options(mesh, systems[0], hardware, memory_gb, weight_sets=sets, rewrites=list(rewrites) or None)
     opts = Options.from_user(options)
-    rewritten, records = rewrite_graph(gm, request_for(opts, mesh), opts.rewrites)
+    request = request_for(opts, mesh, num_blocks=num_blocks)
+    rewritten, records = rewrite_graph(gm, request, opts.rewrites)
     graph = annotate(rewritten, model=model)
-    request = request_for(opts, mesh, pad_heads=HeadPadder(rewritten, graph), num_blocks=num_blocks)
+    request = request.variant(pad_heads=HeadPadder(rewritten, graph))
     plan = solve(graph, request)
     plan = plan.with_(target="tt-mlir", rewrites=records)
     save_plan(plan, out_dir / f"plan-{num_blocks}-blocks.json")
