@@ -74,7 +74,8 @@ def child(blocks: int, work: Path, plan_path: str) -> None:
             program = wan_autoshard(gm, [], options=options)
             args = program.program_args(placeholder_args(program.graph, model, inputs))
             lazy = program.lowered(*args)
-            program.stablehlo_sink("main", [x for x in pytree.tree_leaves(lazy) if isinstance(x, torch.Tensor)])
+            outs = [x for x in pytree.tree_leaves(lazy) if isinstance(x, torch.Tensor)]
+            program.stablehlo_sink("main", outs, program.named_arguments(args))
             plan = program.plan
             out[which] = {
                 "module": str(program.stablehlo_sink.written["main"]),

@@ -57,6 +57,7 @@ from planner.plan_records import (
     ActivationConstraint,
     CfgOption,
     CfgParallel,
+    CompiledKernels,
     CompiledMemory,
     Predicted,
     RewriteRecord,
@@ -75,7 +76,15 @@ SCHEMA_VERSION = 2
 __all__ = ["Alternative", "Collective", "CostSplit", "Decision", "Exclusion", "HeadPadding", "Move", "OptionCost"]
 __all__ += ["MAIN_STACK", "RingAttention"]
 __all__ += ["InfeasiblePlanError", "MemoryBudgetError", "PlanError", "SolverTimeout"]
-__all__ += ["ActivationConstraint", "CfgOption", "CfgParallel", "CompiledMemory", "Predicted", "RewriteRecord"]
+__all__ += [
+    "ActivationConstraint",
+    "CfgOption",
+    "CfgParallel",
+    "CompiledKernels",
+    "CompiledMemory",
+    "Predicted",
+    "RewriteRecord",
+]
 __all__ += ["SolverInfo", "Spec", "spec_to_json", "model_geometry"]
 __all__ += ["Plan", "SCHEMA_VERSION", "load_plan", "save_plan", "replicated_params"]
 
@@ -150,6 +159,8 @@ class Plan(Record):
     target: Annotated[str, ADDED, Codec(str, _target_from_json, _targets_schema)] = "gspmd"
     # the main program's memory per chip as the target's compiler built it (`wancompile tt-check`)
     compiled_memory: Annotated[tuple[CompiledMemory, ...], OMIT] = ()
+    # the main program's kernels per part of the model as the target's compiler built it (`wancompile tt-check`)
+    compiled_kernels: Annotated[tuple[CompiledKernels, ...], OMIT] = ()
     # the predicted collectives in the target's own terms where the graph was needed to tell them
     # (planner.pins.target_collectives); empty: `Target.lower` of `collectives`
     target_collectives: Annotated[tuple[Collective, ...], HIDDEN] = field(default=(), compare=False)

@@ -12,7 +12,7 @@ Import them from `planner.plan`, which re-exports them with the plan.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Mapping, Optional
 
 from planner.errors import PlanError
 from planner.graph import Location, Node
@@ -196,6 +196,17 @@ class RewriteRecord(Record):
         if self.skipped:
             out["skipped"] = list(self.skipped)
         return out
+
+
+@dataclass(frozen=True)
+class CompiledKernels(Record):
+    """The kernels of one part of a plan's main program (the prologue, a block, the epilogue) as a compiler
+    built it for one system: the compiled program's ops by name (`wancompile.tt.ttnn.by_part`, written by
+    ``wancompile tt-check``)."""
+
+    system: str
+    part: Annotated[str, Schema(description="prologue, a block (blocks.0, ...) or epilogue")]
+    ops: Annotated[Mapping[str, int], Schema(description="op name (ttnn.matmul, ...) -> how many")]
 
 
 @dataclass(frozen=True)

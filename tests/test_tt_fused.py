@@ -5,7 +5,9 @@ exactly the plan's collectives, and on CPU the numbers of eager bf16."""
 from __future__ import annotations
 
 import collections
+import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -39,6 +41,52 @@ def test_bf16_auto_plan_runs_fused_attention_norms_and_gelu_through_tt_mlir_as_p
     # eager bf16 of this model is PCC 0.999985 / max-abs 0.0103 from eager fp32 (tests/test_bf16.py): within 2x
     eager_bf16_error = 1 - 0.999985
     assert 1 - report["pcc"] <= 2 * eager_bf16_error and report["max_abs"] <= 2 * 0.0103, report
+    # read back per block: each block runs its two attention calls as two kernels, and no score matrix anywhere
+    parts = {p["part"]: p["ops"] for p in main["ttnn_ops_by_part"]}
+    assert list(parts) == ["prologue", "blocks.0", "blocks.1", "epilogue"], list(parts)
+    for block in ("blocks.0", "blocks.1"):
+        assert parts[block]["ttnn.scaled_dot_product_attention"] == 2 and "ttnn.softmax" not in parts[block]
+    assert main["score_matrices"] == []
+    # and the same histogram in the dump's plan.json, per system and part
+    saved = json.loads((Path(report["out"]) / "plan.json").read_text())["compiled_kernels"]
+    assert [(k["system"], k["part"], k["ops"]) for k in saved] == [("bh-2x4", p, ops) for p, ops in parts.items()]
+
+
+@needs_tt
+@pytest.mark.slow
+def test_fused_attention_that_tt_mlir_decomposes_into_score_matrices_refuses_the_program():
+    """The same bf16 DiT without the patch_embed rewrite keeps its conv3d, so tt-mlir compiles it at level 0
+    and decomposes the fused attention it was handed into matmul + softmax + matmul: each block writes its
+    score matrices, which the plan priced as never written. tt-check refuses the program, naming them."""
+    report = _tt_check("--mesh", "2x4", "--memory-gb", "0.00025", "--dtype", "bfloat16", "--system", "bh-2x4")
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit")
+    assert main["compiled"] and not main["as_predicted"] and not report["ok"]
+    assert main["options"] == {"optimization_level": "0"} and "conv3d" in main["level_0_because"]
+    assert all(m["predicted_count"] == m["ttnn_count"] for m in main["collectives"])  # only the scores differ
+    scores = main["score_matrices"]
+    assert scores and all(x["fused_predicted"] for x in scores)
+    assert {(x["lq"], x["lk"]) for x in scores} == {(48, 48), (48, 7)}  # self- and cross-attention (7 text tokens)
+
+
+@needs_tt
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["wan-i2v", "wan-ti2v"])
+def test_i2v_and_ti2v_run_their_attention_fused_in_every_block(model):
+    """Wan 2.1 I2V (image tokens joined to the prompt's) and Wan 2.2 TI2V (a timestep per token), tiny, bf16,
+    auto at their smallest budget on 2x4: every block runs each attention call as one fused kernel, no score
+    matrix, TTNN's collectives as predicted, the CPU output within 2x eager bf16's error of eager fp32."""
+    report = _tt_check(
+        "--model", model, "--mesh", "2x4", "--tightest", "--dtype", "bfloat16", "--rewrites", "all",
+        "--system", "bh-2x4",
+    )  # fmt: skip
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit")
+    assert main["compiled"] and main["as_predicted"] and main["score_matrices"] == [], main
+    blocks = [p["ops"] for p in main["ttnn_ops_by_part"] if p["part"].startswith("blocks.")]
+    assert len(blocks) == 2 and all(b["ttnn.scaled_dot_product_attention"] == 2 for b in blocks), blocks
+    assert all("ttnn.softmax" not in b and b["ttnn.layer_norm"] == 3 for b in blocks), blocks
+    assert 1 - report["pcc"] <= 2 * (1 - report["eager_pcc"]) and report["max_abs"] <= 2 * report["eager_max_abs"], (
+        report
+    )
 
 
 def test_fp32_attention_stays_decomposed_and_the_option_turns_composites_off(spmd):

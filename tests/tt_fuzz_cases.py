@@ -141,6 +141,9 @@ def judge(row: dict) -> list[str]:
         ]
         if missed:
             bad.append(f"{row['id']} {t['program']} on {t['system']}: TTNN != predicted: {missed}")
+        unfused = [x["type"] for x in t.get("score_matrices", []) if x["fused_predicted"]]
+        if unfused:
+            bad.append(f"{row['id']} {t['program']} on {t['system']}: fused attention wrote score matrices {unfused}")
     return bad
 
 

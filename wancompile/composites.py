@@ -83,6 +83,9 @@ class Site:
     node: str
     family: str
     why_not: str = ""
+    lq: int = 0  # attention: its query and key tokens (whole) and head dim
+    lk: int = 0
+    head_dim: int = 0
 
 
 # --- the ops, as the program computes them outside `emitting` (their decomposition) ---------------------
@@ -194,14 +197,32 @@ def _value(a: Any) -> Any:
     return a.meta.get("example_value", a.meta.get("val")) if isinstance(a, fx.Node) else a
 
 
+_ATTENTION_ARGS = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+
+
+def _attention_args(node: fx.Node) -> dict:
+    return {**dict(zip(_ATTENTION_ARGS, node.args)), **node.kwargs}
+
+
+def _tokens(node: fx.Node) -> tuple[int, int, int]:
+    """An attention call's query tokens, key tokens and head dim (0s where q, k are not 4-D of known size)."""
+    bound = _attention_args(node)
+    q, k = _value(bound.get("query")), _value(bound.get("key"))
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 4 for t in (q, k)):
+        return 0, 0, 0
+    try:
+        return int(q.shape[2]), int(k.shape[2]), int(q.shape[3])
+    except (TypeError, ValueError):  # symbolic sizes (dynamic shapes)
+        return 0, 0, 0
+
+
 def why_not(node: fx.Node, family: str, spec: Optional[tuple]) -> str:
     """Why the call at `node` stays decomposed under the layout `spec` it computes in (None: not pinned), "" if
     tt-mlir runs it as its fused kernel on each chip's shard."""
     args = list(node.args)
     if family == "attention":
-        names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-        bound = {**dict(zip(names, args)), **node.kwargs}
-        q, k, v = (_value(bound.get(n)) for n in names[:3])
+        bound = _attention_args(node)
+        q, k, v = (_value(bound.get(n)) for n in _ATTENTION_ARGS[:3])
         if any(not isinstance(t, torch.Tensor) or t.dtype != torch.bfloat16 for t in (q, k, v)):
             return "attention in fp32: tt-mlir's fused attention takes bf16 q, k, v (tt-xla's composite likewise)"
         if q.dim() != 4 or bound.get("dropout_p") or bound.get("enable_gqa") or bound.get("is_causal"):
@@ -235,7 +256,7 @@ def mark_sites(gm: fx.GraphModule, specs: dict, pinned: dict) -> tuple[Site, ...
         if family is None:
             continue
         reason = why_not(node, family, specs.get(node))
-        sites.append(Site(node.name, family, reason))
+        sites.append(Site(node.name, family, reason, *(_tokens(node) if family == "attention" else ())))
         if not reason:
             node.kwargs = {**node.kwargs, "family": family, "runs": _runs_key(node.target)}
             node.target = fused

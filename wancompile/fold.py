@@ -80,6 +80,26 @@ class FoldSplit:
     folded: list[str] = field(default_factory=list)  # boundary node names, in fold output order
     nodes: list[str] = field(default_factory=list)  # every folded node's name
 
+    def sources_of(self, params: Sequence[Optional[str]]) -> list[tuple[str, ...]]:
+        """Per folded value, in output order: the names in `params` (per original argument) of the
+        arguments it is computed from."""
+        placeholders = [n for n in self.fold.graph.nodes if n.op == "placeholder"]
+        name = {ph: params[i] for ph, i in zip(placeholders, self.sources)}
+        (out,) = [n for n in self.fold.graph.nodes if n.op == "output"]
+        result = []
+        for value in out.args[0]:
+            seen, stack, found = set(), [value], []
+            while stack:
+                n = stack.pop()
+                if not isinstance(n, fx.Node) or n in seen:
+                    continue
+                seen.add(n)
+                if n in name and name[n]:
+                    found.append(name[n])
+                stack.extend(n.all_input_nodes)
+            result.append(tuple(sorted(set(found))))
+        return result
+
 
 def _name(node: fx.Node) -> str:
     return node.target if node.op == "call_method" else getattr(node.target, "__name__", str(node.target))
@@ -246,11 +266,11 @@ class FoldedValues:
         self,
         args: Sequence[Any],
         device_arg: Callable[[int], torch.Tensor],
-        sink: Optional[Callable[[list[torch.Tensor]], None]] = None,
+        sink: Optional[Callable[[list[torch.Tensor], list[torch.Tensor]], None]] = None,
     ) -> list[torch.Tensor]:
         """Folded values for the call's arguments `args` (host or XLA); `device_arg(i)` gives argument
-        i on the device, sharded as the plan says; `sink` is handed the fold program's traced values
-        before they are computed (`ShardedProgram.stablehlo_sink`)."""
+        i on the device, sharded as the plan says; `sink` is handed the fold program's traced values and
+        its inputs (those of `split.sources`) before they are computed (`ShardedProgram.stablehlo_sink`)."""
         key = self._key(args)
         hit = self._sets.get(key)
         if hit is not None and self._alive(hit[0], args):
@@ -269,7 +289,7 @@ class FoldedValues:
         # next sync would compute again as an extra output of the main program.
         values = [v.clone() for v in self.split.fold(*inputs)]
         if sink is not None:
-            sink(values)
+            sink(values, inputs)
         self.graph_hash = torch_xla._XLAC._get_graph_hash(values)
         torch_xla._XLAC._xla_sync_multi(values, [], wait=True)
         self._sets[key] = ([weakref.ref(args[i]) for i in self.split.sources], values)

@@ -55,8 +55,10 @@ class ShardedProgram:
     Component`, or the name of a planner family registered since: `planner.families`), for callers that look
     for one component among the programs compiled. ``target``: the partitioner the program is for (its
     request's, `planner.request.PlanRequest`); None: the plan's.
-    ``stablehlo_sink`` is called as sink(program, output tensors) when the main ("main") or fold ("fold")
-    program traces, before XLA compiles it: `wancompile.tt.export.ShardyExport` writes it for tt-mlir."""
+    ``stablehlo_sink`` is called as sink(program, output tensors, arguments) when the main ("main") or fold
+    ("fold") program traces, before XLA compiles it (`arguments`: the program's argument tensors, each with
+    the names of the parameters it holds or was folded from, `argument_names`):
+    `wancompile.tt.export.ShardyExport` writes it for tt-mlir."""
 
     def __init__(
         self,
@@ -159,7 +161,9 @@ class ShardedProgram:
                 xla_args,
                 self.device,
                 refuse=self._host_moves or "",
-                sink=(lambda outs: sink("main", self._exported(xla_args, outs))) if sink is not None else None,
+                sink=(lambda outs: sink("main", self._exported(xla_args, outs), self.named_arguments(xla_args)))
+                if sink is not None
+                else None,
             )
             self.traces += 1
             if replay is not None:
@@ -198,7 +202,7 @@ class ShardedProgram:
                 xla_args += self._folded(args, xla_args)
             with composites.emitting():
                 outs = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
-            self.stablehlo_sink("main", outs)
+            self.stablehlo_sink("main", outs, self.named_arguments(xla_args))
         self.traces += 1
         torch_xla._XLAC._clear_pending_irs(str(self.device))
         return len(outs)
@@ -219,6 +223,18 @@ class ShardedProgram:
         if torch_xla._XLAC._check_tensor_need_materialization(tensors) != pending:
             raise RuntimeError("the program writes into its inputs: it cannot be traced a second time for its export")
         return exported
+
+    def argument_names(self) -> list[tuple[str, ...]]:
+        """Per argument of the lowered program (`program_args`): the parameter it is (one name), the
+        parameters a folded value was computed from (`wancompile.fold`), or () for an input."""
+        names = [(p,) if p else () for p in self._params]
+        if self.fold is not None:
+            names += self.fold.split.sources_of(self._params)
+        return names
+
+    def named_arguments(self, xla_args: Sequence[Any]) -> list[tuple[Any, tuple[str, ...]]]:
+        """The program's argument tensors among `xla_args` (`program_args`), each with its `argument_names`."""
+        return [(a, n) for a, n in zip(xla_args, self.argument_names()) if isinstance(a, torch.Tensor)]
 
     def program_args(self, args: Sequence[Any]) -> list[Any]:
         """The lowered program's arguments for a call with the graph's inputs `args`: on the device,
@@ -254,7 +270,11 @@ class ShardedProgram:
         def device_arg(i: int) -> torch.Tensor:  # read only by the fold program: on the device, not kept there
             return xla_args[i] if xla_args[i] is not None else self.arguments.uncached(args, i)
 
-        values = self.fold.get(args, device_arg, sink=(lambda outs: sink("fold", outs)) if sink is not None else None)
+        def fold_sink(outs: list, inputs: list) -> None:
+            names = [(self._params[i],) if self._params[i] else () for i in self.fold.split.sources]
+            sink("fold", outs, list(zip(inputs, names)))
+
+        values = self.fold.get(args, device_arg, sink=fold_sink if sink is not None else None)
         if started is not None and self.fold.runs > runs:
             self._fold_hlo.finish(started, self.fold.graph_hash)
         return values

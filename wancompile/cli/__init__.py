@@ -171,7 +171,8 @@ def _parser() -> argparse.ArgumentParser:
     tt.add_argument(
         "--model",
         default="tiny",
-        help="tiny (transformer); tiny-wan2.1 | tiny-wan2.2 (vae); full size, exported without running: a "
+        help="tiny, or a tiny Wan-family DiT (wan-i2v, wan-ti2v, ...: wancompile.models.FAMILIES) (transformer); "
+        "tiny-wan2.1 | tiny-wan2.2 (vae); full size, exported without running: a "
         "transformer (wan2.2-t2v-a14b, ...) with --blocks, or a VAE (wan2.1 | wan2.2) with --component vae",
     )
     tt.add_argument("--component", default="transformer", choices=["transformer", "vae"])
@@ -181,6 +182,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     tt.add_argument("--plan", default=None, help="a saved plan.json, or tt-xla (the seed's hand plan)")
     number_flag(tt, "--memory-gb", None)
+    tt.add_argument(
+        "--tightest",
+        action="store_true",
+        help="a tiny DiT: plan at the smallest per-device budget the planner accepts on --mesh",
+    )
     tt.add_argument("--rewrites", default="none", help="as the backend's `rewrites` option")
     tt.add_argument("--hardware", default=None, help="cost-model profile (default: the mesh's)")
     count_flag(tt, "--frames", None, "video frames (default: 9 for a tiny model, 81 at full size)")

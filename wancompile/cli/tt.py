@@ -25,6 +25,16 @@ def tt_check_command(args: argparse.Namespace) -> int:
         raise UsageError(f"--mesh: {e}") from None
     if args.blocks is not None or args.model in MODELS and args.model != "tiny" or args.model in VAE_LATENTS:
         return _full_size(args, mesh)
+    from wancompile.models import FAMILIES
+
+    if args.model in FAMILIES and (args.batch != 1 or args.frames is not None):
+        raise UsageError(
+            f"--model {args.model}: a Wan-family DiT is checked with its own example inputs (no --batch, --frames)"
+        )
+    if args.tightest and (args.memory_gb is not None or args.plan or args.component == "vae"):
+        raise UsageError(
+            "--tightest finds the budget of an auto plan of a DiT: drop --memory-gb, --plan, --component vae"
+        )
     out = _out_dir(args)
     try:
         report = check_model(
@@ -42,6 +52,7 @@ def tt_check_command(args: argparse.Namespace) -> int:
             hardware=args.hardware,
             t_chunk=args.t_chunk,
             dtype=args.dtype or "float32",
+            tightest=args.tightest,
         )
     except TtUnavailable as e:
         raise UsageError(str(e)) from None
@@ -57,6 +68,8 @@ def tt_check_command(args: argparse.Namespace) -> int:
         print(report.plan_summary)
         print(f"  pinned for tt-mlir: {report.pins} pins, {report.constraints} constraints in all")
         print(f"  on CPU (GSPMD) vs eager fp32: PCC {report.pcc:.7f}, max-abs {report.max_abs:.2e}")
+        if args.dtype not in (None, "float32"):
+            print(f"  eager {args.dtype} vs eager fp32: PCC {report.eager_pcc:.7f}, max-abs {report.eager_max_abs:.2e}")
         print(format_checks(report.checks))
         print(f"programs and IRs: {out}")
     return 0 if report.ok else 1
@@ -90,6 +103,8 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
     from wancompile.tt.env import TtUnavailable
     from wancompile.tt.fullsize import VAE_LATENTS, check_full_size, check_full_size_vae
 
+    if args.tightest:
+        raise UsageError("--tightest is for a tiny DiT; a full-size model is planned within --memory-gb")
     vae = args.component == "vae"
     if vae != (args.model in VAE_LATENTS):
         raise UsageError(
@@ -142,9 +157,10 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
 
 
 def _record_memory(path: Path, checks) -> None:
-    """The main program's TTNN memory per system, beside the planner's estimate in the dump's plan.json."""
+    """The main program's TTNN memory per system, beside the planner's estimate, and its TTNN ops per part of
+    the model, in the dump's plan.json."""
     from planner.hardware import get_profile
-    from planner.plan import CompiledMemory, load_plan, save_plan
+    from planner.plan import CompiledKernels, CompiledMemory, load_plan, save_plan
     from wancompile.tt.env import SYSTEM_PROFILES
 
     if not path.exists():
@@ -162,5 +178,9 @@ def _record_memory(path: Path, checks) -> None:
         for c in checks
         if c.memory is not None and c.planned_bytes is not None
     )
-    if rows:
-        save_plan(load_plan(path).with_(compiled_memory=rows), path)
+    main = {c.program for c in checks if c.planned_bytes is not None}
+    kernels = tuple(
+        CompiledKernels(c.system, part, dict(ops)) for c in checks if c.program in main for part, ops in c.parts
+    )
+    if rows or kernels:
+        save_plan(load_plan(path).with_(compiled_memory=rows, compiled_kernels=kernels), path)

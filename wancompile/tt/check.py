@@ -21,7 +21,9 @@ carry no time estimate on a multi-chip mesh.
 
 from __future__ import annotations
 
+import itertools
 import json
+import math
 import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,6 +31,7 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.mesh import MeshSpec
+from wancompile.composites import Site
 from wancompile.tt import env, ttnn
 from wancompile.tt.mesh import chip_mesh, system_for  # noqa: F401  (system_for: re-exported)
 from wancompile.verify import CollectiveMatch, compare_collectives
@@ -57,6 +60,13 @@ class ProgramCheck:
     compiler_peak_bytes: int = 0  # the compiler process's peak resident memory on this host
     options: Mapping[str, str] = field(default_factory=dict)  # the compile options it was compiled with
     level_0_because: str = ""  # why a program that hands over fused attention was compiled at level 0
+    # the TTNN ops of @main by part of the model, in program order (`ttnn.by_part`): ("blocks.0", {op: n})
+    parts: tuple[tuple[str, Mapping[str, int]], ...] = ()
+    # attention score matrices in the program (`ttnn.score_matrices`), and those of an attention handed
+    # over as fused attention (predicted as one kernel that never writes them): those refuse the program
+    score_matrices: tuple[ttnn.ScoreMatrix, ...] = ()
+    unfused_scores: tuple[ttnn.ScoreMatrix, ...] = ()
+    scores_priced: bool = False  # its planner prices its attention's score matrices (the VAE's)
 
     @property
     def memory_ratio(self) -> Optional[float]:
@@ -67,7 +77,12 @@ class ProgramCheck:
 
     @property
     def as_predicted(self) -> bool:
-        return self.compiled and all(m.count_ok for m in self.matches)
+        return self.compiled and all(m.count_ok for m in self.matches) and not self.unfused_scores
+
+    @property
+    def blocks(self) -> tuple[tuple[str, Mapping[str, int]], ...]:
+        """`parts` without the prologue and the epilogue."""
+        return tuple(p for p in self.parts if p[0] not in (ttnn.PROLOGUE, ttnn.EPILOGUE))
 
     def to_json(self) -> dict:
         return {
@@ -86,6 +101,11 @@ class ProgramCheck:
                 for m in self.matches
             ],
             "local_slices": self.local_slices,
+            "ttnn_ops_by_part": [{"part": name, "ops": dict(ops)} for name, ops in self.parts],
+            "score_matrices": [
+                {**_attrs(x, "value", "op", "type", "bytes", "lq", "lk"), "fused_predicted": x in self.unfused_scores}
+                for x in self.score_matrices
+            ],
             "metrics": dict(self.metrics),
             "ttnn_ir": self.ttnn_ir,
             "memory": None
@@ -153,11 +173,17 @@ def check_programs(
     mesh: MeshSpec,
     out_dir: Path,
     planned_bytes: Optional[Mapping[str, int]] = None,
+    attentions: Optional[Mapping[str, Iterable[Site]]] = None,
+    scores_priced: Iterable[str] = (),
 ) -> list[ProgramCheck]:
     """Compile each program (name -> its ``.tt.mlir``) for `system`; compare with `predicted` (name ->
     the target's predicted collectives, absent = none), all on `mesh`: the chips' mesh (the plan's
     user mesh; `on_device` names a refined plan mesh's collectives by it), and each program's DRAM per
-    chip (`ttnn.memory`) with `planned_bytes` (name -> the planner's per-device estimate)."""
+    chip (`ttnn.memory`) with `planned_bytes` (name -> the planner's per-device estimate). `attentions`:
+    name -> the program's attention calls (`wancompile.composites.Site`): a score matrix of one handed
+    over fused refuses the program, unless it is one of `scores_priced` (its planner prices its attention's
+    score matrices: the VAE's, `wancompile.vae.budget`). Where the export named the module's arguments (``.arguments.json``
+    beside it), the TTNN ops are counted by part of the model (`ttnn.by_part`)."""
     env.require()
     desc = env.system_path(system)
     out: list[ProgramCheck] = []
@@ -179,6 +205,10 @@ def check_programs(
             continue
         text = Path(r["ttnn"]).read_text()
         observed = ttnn.parse_collectives(text, mesh)
+        names = _argument_names(module)
+        scores, unfused = _scores(text, (attentions or {}).get(name, ()), mesh, names)
+        priced = name in set(scores_priced)
+        unfused = () if priced else unfused
         out.append(
             ProgramCheck(
                 name,
@@ -195,9 +225,35 @@ def check_programs(
                 peak,
                 options,
                 why,
+                _parts(text, names),
+                scores,
+                unfused,
+                priced,
             )
         )
     return out
+
+
+def _argument_names(module: Path) -> Optional[list[list[str]]]:
+    """What the export wrote of the module's arguments (``<name>.arguments.json``), None if nothing."""
+    path = Path(module).with_name(Path(module).name.split(".tt.mlir")[0] + ".arguments.json")
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _parts(ttnn_text: str, names: Optional[list]) -> tuple[tuple[str, Mapping[str, int]], ...]:
+    if names is None:
+        return ()
+    return tuple((part, dict(ops)) for part, ops in ttnn.by_part(ttnn_text, names))
+
+
+def _scores(ttnn_text: str, sites: Iterable[Site], mesh: MeshSpec, names: Optional[list] = None) -> tuple[tuple, tuple]:
+    """The program's attention score matrices, and those of attention calls handed over fused."""
+    sites = [s for s in sites if s.family == "attention" and s.lq]
+    splits = {math.prod(c) for k in range(len(mesh.shape) + 1) for c in itertools.combinations(mesh.shape, k)}
+    weights = frozenset(ttnn.from_parameters(ttnn_text, names)) if names is not None else frozenset()
+    found = ttnn.score_matrices(ttnn_text, {(s.lq, s.lk, s.head_dim) for s in sites}, splits, weights)
+    fused = {(s.lq, s.lk) for s in sites if not s.why_not}
+    return tuple(found), tuple(x for x in found if (x.lq, x.lk) in fused)
 
 
 # the lines of a compiler's log that say what went wrong (its log is mostly "info" lines)
@@ -242,6 +298,8 @@ def check_compiled(
     modules: dict[str, Path] = {}
     predicted: dict[str, list[Collective]] = {}
     planned: dict[str, int] = {}
+    attentions: dict[str, tuple[Site, ...]] = {}
+    priced: set[str] = set()
     programs = list(programs)
     if not programs:
         raise RuntimeError("no program was written for tt-mlir (compile with target='tt-mlir' and a dump_dir)")
@@ -252,6 +310,9 @@ def check_compiled(
                 raise RuntimeError(f"{path} was not converted to Shardy form: {env.available(need_plugin=False)}")
             modules[sink.names[which]] = path
         plan = program.plan
+        attentions[sink.names["main"]] = tuple(program.fused_sites)
+        if program.kind == "wan-vae":  # its budget holds the mid-block attention's scores (wancompile.vae.budget)
+            priced.add(sink.names["main"])
         predicted[sink.names["main"]] = on_device(
             plan.predicted_by_partitioner()[plan.target], plan.mesh, plan.user_mesh
         )
@@ -260,7 +321,9 @@ def check_compiled(
         )
     device = chip_mesh(programs[-1].plan.user_mesh)
     predicted = {k: on_device(v, programs[-1].plan.user_mesh, device) for k, v in predicted.items()}
-    return [c for s in systems for c in check_programs(modules, predicted, s, device, out_dir, planned)]
+    return [
+        c for s in systems for c in check_programs(modules, predicted, s, device, out_dir, planned, attentions, priced)
+    ]
 
 
 def format_checks(checks: Iterable[ProgramCheck]) -> str:
@@ -288,6 +351,8 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
                 f"  TTNN: {c.local_slices} local slices (mesh_partition); perf metrics: {m['total_flops']:.3g} FLOPs "
                 f"per chip, {m['total_ops']:.0f} ops ({m['spilled_percentage']:.0f}% spilled to DRAM)"
             )
+        lines.extend(_format_parts(c.parts))
+        lines.extend(_format_scores(c))
         if c.memory is not None:
             mem = c.memory
             vs = f"; planner's estimate {c.planned_bytes / 2**20:.2f} MiB" if c.planned_bytes else ""
@@ -297,6 +362,49 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
             )
         lines.append("  " + ("as predicted" if c.as_predicted else "NOT as predicted"))
     return "\n".join(lines)
+
+
+def _format_scores(c: ProgramCheck) -> list[str]:
+    """One line per kind of score matrix found: its type, how many, and whether it refuses the program."""
+    seen: dict[tuple, int] = {}
+    for x in c.score_matrices:
+        key = (x.type, x.op, x.bytes, x.lq, x.lk, x in c.unfused_scores)
+        seen[key] = seen.get(key, 0) + 1
+    out = []
+    for (kind, op, nbytes, lq, lk, refused), n in seen.items():
+        verdict = (
+            "REFUSED: handed over as fused attention, priced as one kernel that never writes it"
+            + (f" (compiled at level 0: {c.level_0_because})" if c.level_0_because else "")
+            if refused
+            else "priced by the planner (its memory holds the scores)"
+            if c.scores_priced
+            else "not handed over as fused attention (an fp32 attention, or fused_ops off)"
+        )
+        out.append(
+            f"  {n} x score matrix {kind} ({op}, {nbytes / 2**20:.2f} MiB per chip) of an attention with "
+            f"L_q {lq}, L_k {lk}: {verdict}"
+        )
+    return out
+
+
+def _ops(ops: Mapping[str, int], top: int = 8) -> str:
+    shown = sorted(((n, k) for k, n in ops.items() if k != "ttnn.deallocate"), reverse=True)
+    head = ", ".join(f"{k.removeprefix('ttnn.')} {n}" for n, k in shown[:top])
+    return f"{sum(ops.values())} ops: {head}" + (", ..." if len(shown) > top else "")
+
+
+def _format_parts(parts) -> list[str]:
+    """The per-part histogram: identical blocks once, with their count."""
+    out, k = [], 0
+    while k < len(parts):
+        name, ops = parts[k]
+        same = 1
+        while name not in (ttnn.PROLOGUE, ttnn.EPILOGUE) and k + same < len(parts) and parts[k + same][1] == ops:
+            same += 1
+        label = name if same == 1 else f"{name}..{parts[k + same - 1][0]} (each)"
+        out.append(f"  TTNN {label}: {_ops(ops)}")
+        k += same
+    return out
 
 
 @dataclass(frozen=True)
@@ -309,6 +417,9 @@ class ModelCheck:
     pcc: float
     max_abs: float
     checks: tuple[ProgramCheck, ...]
+    # eager in the model's dtype against eager fp32 (1.0 and 0 for fp32): the error the dtype itself costs
+    eager_pcc: float = 1.0
+    eager_max_abs: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -317,7 +428,7 @@ class ModelCheck:
     def to_json(self) -> dict:
         return {
             "plan": self.plan_summary,
-            **_attrs(self, "pins", "constraints", "pcc", "max_abs", "ok"),
+            **_attrs(self, "pins", "constraints", "pcc", "max_abs", "eager_pcc", "eager_max_abs", "ok"),
             "programs": [c.to_json() for c in self.checks],
         }
 
@@ -338,12 +449,16 @@ def check_model(
     hardware: Optional[str] = None,
     t_chunk: Optional[int] = None,
     dtype: str = "float32",
+    tightest: bool = False,
 ) -> ModelCheck:
-    """Compile `model`'s `component` (a tiny random-weight config) with ``target="tt-mlir"`` on
+    """Compile `model`'s `component` (a tiny random-weight config: ``tiny``, a Wan-family DiT of
+    `wancompile.models.FAMILIES` such as ``wan-i2v`` or ``wan-ti2v`` with its example inputs, or a VAE) with ``target="tt-mlir"`` on
     ``mesh.size`` virtual CPU devices, run it once (numerics against eager fp32: the pinned plan on
     GSPMD), then compile every program the call wrote through tt-mlir for each system. `dtype`: the DiT
     as a pipeline loads it in that dtype (`wancompile.models.as_loaded`; inputs likewise), its numerics still
-    against eager fp32. Starts the XLA runtime: call it in a process where it has not started."""
+    against eager fp32. `tightest`: a DiT planned at the smallest budget the planner accepts on `mesh`
+    (`MemoryBudgetError.need_gb`), as the fuzz's ``min`` cases. Starts the XLA runtime: call it in a process
+    where it has not started."""
     import torch
 
     from planner.pins import pin_count
@@ -372,23 +487,68 @@ def check_model(
             out = compiled(z).sample
             eager = vae.decode(z).sample
     else:
-        from wancompile.models import build_transformer, transformer_inputs
+        from wancompile.models import FAMILIES, as_loaded, build_family, build_transformer, transformer_inputs
 
         options["cfg_parallel"] = cfg_parallel
-        from wancompile.models import as_loaded
-
-        module = build_transformer(model)
-        inputs = transformer_inputs(model, "tiny", frames, batch=batch)
+        if model in FAMILIES:  # a Wan-family DiT (wan-i2v, wan-ti2v, ...) with its own example inputs
+            module, inputs = build_family(model)
+        else:
+            module = build_transformer(model)
+            inputs = transformer_inputs(model, "tiny", frames, batch=batch)
         with torch.no_grad():
             eager = module(**inputs, return_dict=False)[0]  # fp32: the reference in every dtype
         if dtype != "float32":
             module = as_loaded(module, getattr(torch, dtype))
-            inputs = {k: v.to(getattr(torch, dtype)) if v.is_floating_point() else v for k, v in inputs.items()}
+            inputs = {k: _cast(v, getattr(torch, dtype)) for k, v in inputs.items()}
+        if tightest:
+            options["memory_gb"] = _tightest(module, inputs, options)
         compiled = torch.compile(module, backend="wan_autoshard", options=options, fullgraph=True)
         with torch.no_grad():
             out = compiled(**inputs, return_dict=False)[0].float()
+            if dtype != "float32":  # the error the dtype itself costs: eager in it, against eager fp32
+                in_dtype = numerics(module(**inputs, return_dict=False)[0].float(), eager)
     result = numerics(out, eager)
     programs = [p for p in recent_programs() if p.stablehlo_sink is not None and p.stablehlo_sink.written]
     checks = check_compiled(programs, systems, out_dir)
     plan = programs[-1].plan
-    return ModelCheck(plan.summary(), pin_count(plan), len(plan.activations), result.pcc, result.max_abs, tuple(checks))
+    eager_pcc, eager_max_abs = (
+        (in_dtype.pcc, in_dtype.max_abs) if dtype != "float32" and component != "vae" else (1.0, 0.0)
+    )
+    return ModelCheck(
+        plan.summary(),
+        pin_count(plan),
+        len(plan.activations),
+        result.pcc,
+        result.max_abs,
+        tuple(checks),
+        eager_pcc,
+        eager_max_abs,
+    )
+
+
+def _cast(value, dtype):
+    """A floating-point input tensor in `dtype`; anything else as it is."""
+    import torch
+
+    return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
+
+
+def _tightest(module, inputs: dict, options: dict) -> float:
+    """The smallest per-device budget (GB) the planner accepts for `module` under `options`: what it names
+    when asked to plan within none."""
+    import torch
+
+    from planner.errors import MemoryBudgetError
+
+    try:
+        with torch.no_grad():
+            torch.compile(module, backend="wan_autoshard", options={**options, "memory_gb": 1e-9}, fullgraph=True)(
+                **inputs, return_dict=False
+            )
+    except Exception as e:  # the planner's error, out of dynamo's BackendCompilerFailed
+        inner = getattr(e, "inner_exception", None) or e
+        if isinstance(inner, MemoryBudgetError):
+            torch._dynamo.reset()
+            return inner.need_gb
+        raise
+    raise RuntimeError("a 1e-9 GB budget planned: the model holds no parameters to budget")

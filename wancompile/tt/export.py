@@ -12,6 +12,9 @@ compiles them. For each program it writes, into its folder:
   (torch_xla itself makes the key, from a tensor marked with the spec), with the mesh's axis names and
   sizes: the worker's Shardy conversion looks every annotation up here, so the Shardy module says
   exactly what the plan says (and an argument torch_xla left unannotated, a placeholder, is replicated);
+- ``<name>.arguments.json``: per argument of the module, in its order, the names of the parameters it
+  holds (a folded value: those it was computed from; an input: none), which is how a reader of the
+  compiled program tells which block an op belongs to (`wancompile.tt.ttnn.by_block`);
 - ``<name>.tt.mlir``: the Shardy-form module (`wancompile.tt.worker` ``shardy``), when the worker's
   interpreter has jaxlib (`wancompile.tt.env`); otherwise the first two, and a log line how to get it.
 
@@ -42,7 +45,9 @@ class ShardyExport:
         self.written: dict[str, Path] = {}  # program ("main", "fold") -> its .tt.mlir (or .mlirbc if not converted)
         self.names: dict[str, str] = {}  # program -> file stem
 
-    def __call__(self, program: str, outs: list) -> None:
+    def __call__(self, program: str, outs: list, arguments: Iterable[tuple[Any, tuple[str, ...]]] = ()) -> None:
+        """Write `program` (``main`` or ``fold``) traced to `outs`; `arguments`: its argument tensors, each
+        with the parameter names it stands for (`ShardedProgram.named_arguments`)."""
         import torch_xla
 
         if program in self.written:
@@ -56,6 +61,7 @@ class ShardyExport:
         (self.directory / f"{stem}.gspmd.mlir").write_text(
             torch_xla._XLAC._get_stablehlo(outs, device, [device], False).decode()
         )
+        (self.directory / f"{stem}.arguments.json").write_text(json.dumps(argument_names(outs, arguments)))
         shardings = self.directory / f"{stem}.shardings.json"
         table = shardings_table(self.plan, self.mesh, self.specs)
         # under SPMD torch_xla annotates every argument it holds data for; one without an annotation is a
@@ -75,6 +81,16 @@ class ShardyExport:
             k += 1
             stem = f"{base}-{k}"
         return stem
+
+
+def argument_names(outs: list, arguments: Iterable[tuple[Any, tuple[str, ...]]]) -> list[list[str]]:
+    """Per parameter of the module torch_xla builds for `outs`, in its order (that of its device data, which
+    the dynamo bridge relies on too), the names `arguments` gives its tensor; [] for one not among them."""
+    import torch_xla
+
+    names = {torch_xla._XLAC._xla_get_tensor_id(t): list(n) for t, n in arguments}
+    ids, _ = torch_xla._XLAC._get_tensors_xla_device_data_node(outs)
+    return [names.get(i, []) for i in ids]
 
 
 def shardings_table(plan: Plan, mesh: Any, extra: Iterable[tuple] = ()) -> dict:
