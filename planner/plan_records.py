@@ -201,7 +201,7 @@ class RewriteRecord(Record):
 @dataclass(frozen=True)
 class CompiledKernels(Record):
     """The kernels of one part of a plan's main program (the prologue, a block, the epilogue) as a compiler
-    built it for one system: the compiled program's ops by name (`wancompile.tt.ttnn.by_part`, written by
+    built it for one system: the compiled program's ops by name (`wancompile.tt.parts.by_part`, written by
     ``wancompile tt-check``)."""
 
     system: str

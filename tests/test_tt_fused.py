@@ -30,11 +30,19 @@ def test_bf16_auto_plan_runs_fused_attention_norms_and_gelu_through_tt_mlir_as_p
     collectives are the predicted ones; the program was compiled at optimization_level 1 (the level at which
     tt-mlir keeps fused attention)."""
     report = _tt_check(
-        "--mesh", "2x4", "--memory-gb", "0.00025", "--dtype", "bfloat16", "--rewrites", "all", "--system", "bh-2x4"
-    )
+        "--mesh", "2x4", "--memory-gb", "0.00025", "--dtype", "bfloat16", "--rewrites", "all", "--system", "bh-2x4",
+        "--unannotated",
+    )  # fmt: skip
     main = next(p for p in report["programs"] if p["program"] == "wan-dit")
     assert main["compiled"] and main["as_predicted"], main
     assert main["options"] == {"optimization_level": "1"}
+    # the pins leave tt-mlir's fusions alone: per block the fused kernels of the program without the plan, and
+    # no reshape, permute or layout copy more than the reshards need (a linear reduced before its bias is one)
+    assert main["pins_clean"] and report["ok"], main["pin_costs"]
+    for cost in main["pin_costs"]:
+        for kernel in ("ttnn.scaled_dot_product_attention", "ttnn.layer_norm", "ttnn.rms_norm", "ttnn.gelu"):
+            pinned, bare = cost["kernels"].get(kernel, [0, 0])
+            assert pinned == bare, (cost["part"], kernel, pinned, bare)
     k = _kernels(main["ttnn_ir"])
     assert k["ttnn.scaled_dot_product_attention"] == 4 and k["ttnn.softmax"] == 0, k
     assert k["ttnn.layer_norm"] == 7 and k["ttnn.gelu"] == 3 and k["ttnn.rms_norm"] == 4, k
@@ -70,14 +78,16 @@ def test_fused_attention_that_tt_mlir_decomposes_into_score_matrices_refuses_the
 
 @needs_tt
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["wan-i2v", "wan-ti2v"])
-def test_i2v_and_ti2v_run_their_attention_fused_in_every_block(model):
+@pytest.mark.parametrize(
+    ("model", "plan"), [("wan-i2v", "--tightest"), ("wan-ti2v", "--tightest"), ("tiny", "--plan=tt-xla")]
+)
+def test_i2v_ti2v_and_the_hand_plan_run_their_attention_fused_in_every_block(model, plan):
     """Wan 2.1 I2V (image tokens joined to the prompt's) and Wan 2.2 TI2V (a timestep per token), tiny, bf16,
-    auto at their smallest budget on 2x4: every block runs each attention call as one fused kernel, no score
-    matrix, TTNN's collectives as predicted, the CPU output within 2x eager bf16's error of eager fp32."""
+    auto at their smallest budget on 2x4, and the T2V DiT under tt-xla's hand plan (one head per chip): every
+    block runs each attention call as one fused kernel, no score matrix, TTNN's collectives as predicted, the
+    CPU output within 2x eager bf16's error of eager fp32."""
     report = _tt_check(
-        "--model", model, "--mesh", "2x4", "--tightest", "--dtype", "bfloat16", "--rewrites", "all",
-        "--system", "bh-2x4",
+        "--model", model, "--mesh", "2x4", plan, "--dtype", "bfloat16", "--rewrites", "all", "--system", "bh-2x4",
     )  # fmt: skip
     main = next(p for p in report["programs"] if p["program"] == "wan-dit")
     assert main["compiled"] and main["as_predicted"] and main["score_matrices"] == [], main

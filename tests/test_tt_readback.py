@@ -43,7 +43,7 @@ def test_ttnn_ops_count_in_the_block_whose_parameters_they_read():
     and its own weight: block 1's; a concat of two blocks' weights is computed once, before the blocks; the
     op reading proj_out, first read after every block, is the epilogue's; a deallocate counts where its value
     does."""
-    from wancompile.tt.ttnn import by_part
+    from wancompile.tt.parts import by_part
 
     parts = {name: dict(ops) for name, ops in by_part(TTNN_BLOCKS, NAMES)}
     assert list(parts) == ["prologue", "blocks.0", "blocks.1", "epilogue"]
@@ -64,7 +64,7 @@ def test_ttnn_ops_count_in_the_block_whose_parameters_they_read():
 def test_a_score_matrix_is_a_softmax_or_a_head_dim_contraction_over_query_and_key_tokens():
     """On a 2-way SP split of 48 tokens (head dim 16), the 1x4x24x48 QK^T and its softmax are score matrices;
     the 48x64 matmul over the 64-wide stream is not, though 64 tokens would match its shape."""
-    from wancompile.tt.ttnn import score_matrices
+    from wancompile.tt.parts import score_matrices
 
     found = score_matrices(TTNN_BLOCKS, [(48, 48, 16)], [2, 4])
     assert [(x.value, x.op, x.type, x.bytes) for x in found] == [
@@ -78,7 +78,7 @@ def test_a_score_matrix_is_a_softmax_or_a_head_dim_contraction_over_query_and_ke
 def test_a_matmul_that_reads_a_weight_is_a_projection_whatever_its_shape():
     """Block 1's 48x64 matmul contracts 64: an attention of 48 queries, 64 keys and 64-wide heads would match
     its shape, but it reads a weight (computed from parameters alone), so it is no score matrix."""
-    from wancompile.tt.ttnn import from_parameters, score_matrices
+    from wancompile.tt.parts import from_parameters, score_matrices
 
     weights = from_parameters(TTNN_BLOCKS, NAMES)
     assert weights == {"%arg0", "%arg1", "%arg2", "%arg3", "%0", "%1"}
@@ -136,3 +136,43 @@ def test_the_export_names_each_argument_of_the_module_by_the_parameters_it_holds
             if len(held) == 1 and (program == "wan-dit.fold" or held[0] not in fold_sources):
                 assert shapes[held[0]] == tuple(int(d) for d in dims.split("x") if d), held
         assert {n.split(".")[1] for x in names for n in x if n.startswith("blocks.")} == {"0", "1"}
+
+
+# One block's MLP, pinned row-parallel: its matmul is all-reduced before the bias is added (the bias cannot
+# join the matmul as a linear), and the all-reduce takes a 4-D tensor (a reshape in, one out); one reshape
+# more feeds nothing but the next op. Unannotated, tt-mlir runs one linear.
+_PINNED = """module {
+  func.func @main(%arg0: tensor<64x64xbf16, #l>, %arg1: tensor<64xbf16, #l>, %arg2: tensor<48x64xbf16, #l>) -> tensor<48x64xbf16, #l> {
+    %0 = "ttnn.matmul"(%arg2, %arg0) <{transpose_a = false, transpose_b = true}> : (tensor<48x64xbf16, #l>, tensor<64x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %1 = "ttnn.reshape"(%0) <{shape = [1 : i32, 1 : i32, 48 : i32, 64 : i32]}> : (tensor<48x64xbf16, #l>) -> tensor<1x1x48x64xbf16, #l> loc(#loc1)
+    %2 = "ttnn.all_reduce"(%1) <{cluster_axis = 1 : ui32}> : (tensor<1x1x48x64xbf16, #l>) -> tensor<1x1x48x64xbf16, #l> loc(#loc1)
+    %3 = "ttnn.reshape"(%2) <{shape = [48 : i32, 64 : i32]}> : (tensor<1x1x48x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %4 = "ttnn.add"(%3, %arg1) : (tensor<48x64xbf16, #l>, tensor<64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %5 = "ttnn.reshape"(%4) <{shape = [48 : i32, 64 : i32]}> : (tensor<48x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    return %5 : tensor<48x64xbf16, #l> loc(#loc1)
+  } loc(#loc1)
+} loc(#loc1)
+"""
+_BARE = """module {
+  func.func @main(%arg0: tensor<64x64xbf16, #l>, %arg1: tensor<64xbf16, #l>, %arg2: tensor<48x64xbf16, #l>) -> tensor<48x64xbf16, #l> {
+    %0 = "ttnn.linear"(%arg2, %arg0, %arg1) <{transpose_a = false, transpose_b = true}> : (tensor<48x64xbf16, #l>, tensor<64x64xbf16, #l>, tensor<64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    return %0 : tensor<48x64xbf16, #l> loc(#loc1)
+  } loc(#loc1)
+} loc(#loc1)
+"""
+_MLP = [["blocks.0.ffn.net.2.weight"], ["blocks.0.ffn.net.2.bias"], []]
+
+
+def test_what_the_pins_cost_is_explained_by_the_reshards_or_reported():
+    """Against the unannotated program the pinned block lost its linear and gained three reshapes. The linear
+    is explained (its matmul is reduced across chips before the bias), so are the two reshapes around the
+    all-reduce; the third is not, and is reported."""
+    from wancompile.tt.parts import pin_costs
+
+    (cost,) = pin_costs(_PINNED, _BARE, _MLP)
+    assert cost.part == "blocks.0"
+    assert cost.kernels == {"ttnn.linear": (0, 1)} and cost.moves == {"ttnn.reshape": (3, 0)}
+    assert cost.matmuls_before_reductions == 1 and cost.moves_at_reshards == {"ttnn.reshape": 2}
+    assert cost.unexplained == {"moves": 1}
+    (same,) = pin_costs(_BARE, _BARE, _MLP)
+    assert same.unexplained == {}

@@ -187,6 +187,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="a tiny DiT: plan at the smallest per-device budget the planner accepts on --mesh",
     )
+    tt.add_argument(
+        "--unannotated",
+        action="store_true",
+        help="also compile each main program with its plan taken out, and hold the pinned program's fused "
+        "kernels and moves per block against it (a second compile per program)",
+    )
     tt.add_argument("--rewrites", default="none", help="as the backend's `rewrites` option")
     tt.add_argument("--hardware", default=None, help="cost-model profile (default: the mesh's)")
     count_flag(tt, "--frames", None, "video frames (default: 9 for a tiny model, 81 at full size)")

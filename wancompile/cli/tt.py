@@ -15,9 +15,10 @@ def tt_check_command(args: argparse.Namespace) -> int:
 
     from planner.mesh import parse_mesh
     from wancompile.models import MODELS
-    from wancompile.tt.check import check_model, format_checks
     from wancompile.tt.env import TtUnavailable
+    from wancompile.tt.format import format_checks
     from wancompile.tt.fullsize import VAE_LATENTS
+    from wancompile.tt.tiny import check_model
 
     try:
         mesh = parse_mesh(args.mesh)
@@ -53,6 +54,7 @@ def tt_check_command(args: argparse.Namespace) -> int:
             t_chunk=args.t_chunk,
             dtype=args.dtype or "float32",
             tightest=args.tightest,
+            unannotated=args.unannotated,
         )
     except TtUnavailable as e:
         raise UsageError(str(e)) from None
@@ -118,6 +120,8 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
         raise UsageError(f"--model {args.model} is full size: say how many of its blocks to compile, e.g. --blocks 2")
     if not vae and (args.model not in MODELS or args.model == "tiny"):
         raise UsageError(f"--blocks needs a full-size --model ({', '.join(m for m in MODELS if m != 'tiny')})")
+    if vae and args.unannotated:
+        raise UsageError("--unannotated compares a DiT's pinned program; a full-size VAE takes no --unannotated")
     if args.plan is not None or args.batch != 1 or args.t_chunk is not None or (vae and args.rewrites != "none"):
         raise UsageError(
             "a full-size check plans the model itself (batch 1, full-T; a VAE without rewrites); drop --plan, "
@@ -143,6 +147,7 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
                 dtype=args.dtype or "bfloat16",
                 weight_sets=args.experts,
                 rewrites=parse_rewrites(args.rewrites),
+                unannotated=args.unannotated,
                 **common,
             )
     except TtUnavailable as e:

@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Mapping, Optional
 from planner.collective import Collective
 from planner.mesh import MeshSpec
 from wancompile.composites import Site
-from wancompile.tt import env, ttnn
+from wancompile.tt import env, parts, ttnn
 from wancompile.tt.mesh import chip_mesh, system_for  # noqa: F401  (system_for: re-exported)
 from wancompile.verify import CollectiveMatch, compare_collectives
 
@@ -60,13 +60,23 @@ class ProgramCheck:
     compiler_peak_bytes: int = 0  # the compiler process's peak resident memory on this host
     options: Mapping[str, str] = field(default_factory=dict)  # the compile options it was compiled with
     level_0_because: str = ""  # why a program that hands over fused attention was compiled at level 0
-    # the TTNN ops of @main by part of the model, in program order (`ttnn.by_part`): ("blocks.0", {op: n})
+    # the TTNN ops of @main by part of the model, in program order (`parts.by_part`): ("blocks.0", {op: n})
     parts: tuple[tuple[str, Mapping[str, int]], ...] = ()
-    # attention score matrices in the program (`ttnn.score_matrices`), and those of an attention handed
+    # attention score matrices in the program (`parts.score_matrices`), and those of an attention handed
     # over as fused attention (predicted as one kernel that never writes them): those refuse the program
-    score_matrices: tuple[ttnn.ScoreMatrix, ...] = ()
-    unfused_scores: tuple[ttnn.ScoreMatrix, ...] = ()
+    score_matrices: tuple[parts.ScoreMatrix, ...] = ()
+    unfused_scores: tuple[parts.ScoreMatrix, ...] = ()
     scores_priced: bool = False  # its planner prices its attention's score matrices (the VAE's)
+    # the pinned program per part against the same module compiled without the plan (tt-check --unannotated)
+    pin_costs: tuple[parts.PinCost, ...] = ()
+    unannotated_error: str = ""  # why the unannotated module gave no comparison
+
+    @property
+    def pins_clean(self) -> bool:
+        """No block lost a fusion or gained a move that the plan's reshards do not explain (the prologue's and
+        epilogue's are reported, not judged: the blocks are what repeats 30 to 40 times)."""
+        blocks = [c for c in self.pin_costs if c.part not in (parts.PROLOGUE, parts.EPILOGUE)]
+        return not self.unannotated_error and all(not c.unexplained for c in blocks)
 
     @property
     def memory_ratio(self) -> Optional[float]:
@@ -82,7 +92,7 @@ class ProgramCheck:
     @property
     def blocks(self) -> tuple[tuple[str, Mapping[str, int]], ...]:
         """`parts` without the prologue and the epilogue."""
-        return tuple(p for p in self.parts if p[0] not in (ttnn.PROLOGUE, ttnn.EPILOGUE))
+        return tuple(p for p in self.parts if p[0] not in (parts.PROLOGUE, parts.EPILOGUE))
 
     def to_json(self) -> dict:
         return {
@@ -106,6 +116,19 @@ class ProgramCheck:
                 {**_attrs(x, "value", "op", "type", "bytes", "lq", "lk"), "fused_predicted": x in self.unfused_scores}
                 for x in self.score_matrices
             ],
+            "pin_costs": [
+                {
+                    "part": c.part,
+                    "kernels": {k: list(v) for k, v in c.kernels.items()},
+                    "moves": {k: list(v) for k, v in c.moves.items()},
+                    "moves_at_reshards": dict(c.moves_at_reshards),
+                    "matmuls_before_reductions": c.matmuls_before_reductions,
+                    "unexplained": c.unexplained,
+                }
+                for c in self.pin_costs
+            ],
+            "unannotated_error": self.unannotated_error,
+            "pins_clean": self.pins_clean,
             "metrics": dict(self.metrics),
             "ttnn_ir": self.ttnn_ir,
             "memory": None
@@ -175,6 +198,7 @@ def check_programs(
     planned_bytes: Optional[Mapping[str, int]] = None,
     attentions: Optional[Mapping[str, Iterable[Site]]] = None,
     scores_priced: Iterable[str] = (),
+    unannotated: Iterable[str] = (),
 ) -> list[ProgramCheck]:
     """Compile each program (name -> its ``.tt.mlir``) for `system`; compare with `predicted` (name ->
     the target's predicted collectives, absent = none), all on `mesh`: the chips' mesh (the plan's
@@ -183,32 +207,30 @@ def check_programs(
     name -> the program's attention calls (`wancompile.composites.Site`): a score matrix of one handed
     over fused refuses the program, unless it is one of `scores_priced` (its planner prices its attention's
     score matrices: the VAE's, `wancompile.vae.budget`). Where the export named the module's arguments (``.arguments.json``
-    beside it), the TTNN ops are counted by part of the model (`ttnn.by_part`)."""
+    beside it), the TTNN ops are counted by part of the model (`parts.by_part`); for those of `unannotated`,
+    the same module with the plan taken out is compiled too and each part's fused kernels and moves held
+    against it (`parts.pin_costs`)."""
     env.require()
     desc = env.system_path(system)
     out: list[ProgramCheck] = []
     for name, module in programs.items():
-        export = Path(out_dir) / f"{name}.{system}"
         options, why = compile_options(module)
         compiled_with = dict(options=options, level_0_because=why)
-        res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(options)])
-        line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
-        if line is None:
-            out.append(ProgramCheck(name, system, False, _process_failure(res), **compiled_with))
-            continue
-        r = json.loads(line[len("TT-CHECK ") :])
-        peak = int(r.get("peak_rss_bytes", 0))
-        if not r["ok"]:
-            out.append(
-                ProgramCheck(name, system, False, r["error"], r["seconds"], compiler_peak_bytes=peak, **compiled_with)
-            )
+        r, failure = _compile(module, desc, Path(out_dir) / f"{name}.{system}", options)
+        if r is None or not r["ok"]:
+            seconds, peak = (r["seconds"], int(r.get("peak_rss_bytes", 0))) if r else (0.0, 0)
+            out.append(ProgramCheck(name, system, False, failure, seconds, compiler_peak_bytes=peak, **compiled_with))
             continue
         text = Path(r["ttnn"]).read_text()
         observed = ttnn.parse_collectives(text, mesh)
         names = _argument_names(module)
         scores, unfused = _scores(text, (attentions or {}).get(name, ()), mesh, names)
         priced = name in set(scores_priced)
-        unfused = () if priced else unfused
+        costs, bare_error = (), ""
+        if name in set(unannotated) and names is not None:
+            costs, bare_error = _pin_costs(
+                module, text, names, desc, Path(out_dir) / f"{name}.{system}.unannotated", options
+            )
         out.append(
             ProgramCheck(
                 name,
@@ -222,16 +244,41 @@ def check_programs(
                 r["ttnn"],
                 ttnn.memory(text),
                 (planned_bytes or {}).get(name),
-                peak,
+                int(r.get("peak_rss_bytes", 0)),
                 options,
                 why,
                 _parts(text, names),
                 scores,
-                unfused,
+                () if priced else unfused,
                 priced,
+                costs,
+                bare_error,
             )
         )
     return out
+
+
+def _compile(module: Path, desc: Path, export: Path, options: Mapping[str, str]) -> tuple[Optional[dict], str]:
+    """One compile in the worker: (its result, "" ) or (None or its result, why it failed)."""
+    res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(dict(options))])
+    line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
+    if line is None:
+        return None, _process_failure(res)
+    r = json.loads(line[len("TT-CHECK ") :])
+    return r, r["error"] if not r["ok"] else ""
+
+
+def _pin_costs(module: Path, pinned: str, names: list, desc: Path, export: Path, options) -> tuple[tuple, str]:
+    """The module with its plan taken out (the worker's ``unannotated``), compiled with the same options, held
+    against the pinned TTNN program per part (`parts.pin_costs`); or (), why it could not be compiled."""
+    bare = Path(module).with_name(Path(module).name.replace(".tt.mlir", ".unannotated.tt.mlir"))
+    res = env.run_worker(["unannotated", str(module), str(bare)])
+    if res.returncode != 0:
+        return (), f"the unannotated module could not be written: {_process_failure(res)}"
+    r, failure = _compile(bare, desc, export, options)
+    if failure:
+        return (), f"tt-mlir refused the unannotated module: {failure}"
+    return parts.pin_costs(pinned, Path(r["ttnn"]).read_text(), names), ""
 
 
 def _argument_names(module: Path) -> Optional[list[list[str]]]:
@@ -243,15 +290,15 @@ def _argument_names(module: Path) -> Optional[list[list[str]]]:
 def _parts(ttnn_text: str, names: Optional[list]) -> tuple[tuple[str, Mapping[str, int]], ...]:
     if names is None:
         return ()
-    return tuple((part, dict(ops)) for part, ops in ttnn.by_part(ttnn_text, names))
+    return tuple((part, dict(ops)) for part, ops in parts.by_part(ttnn_text, names))
 
 
 def _scores(ttnn_text: str, sites: Iterable[Site], mesh: MeshSpec, names: Optional[list] = None) -> tuple[tuple, tuple]:
     """The program's attention score matrices, and those of attention calls handed over fused."""
     sites = [s for s in sites if s.family == "attention" and s.lq]
     splits = {math.prod(c) for k in range(len(mesh.shape) + 1) for c in itertools.combinations(mesh.shape, k)}
-    weights = frozenset(ttnn.from_parameters(ttnn_text, names)) if names is not None else frozenset()
-    found = ttnn.score_matrices(ttnn_text, {(s.lq, s.lk, s.head_dim) for s in sites}, splits, weights)
+    weights = frozenset(parts.from_parameters(ttnn_text, names)) if names is not None else frozenset()
+    found = parts.score_matrices(ttnn_text, {(s.lq, s.lk, s.head_dim) for s in sites}, splits, weights)
     fused = {(s.lq, s.lk) for s in sites if not s.why_not}
     return tuple(found), tuple(x for x in found if (x.lq, x.lk) in fused)
 
@@ -290,11 +337,16 @@ def _metrics(path: Optional[str]) -> dict[str, float]:
 
 
 def check_compiled(
-    programs: Iterable, systems: Iterable[str], out_dir: Path, planned_bytes: Optional[Callable] = None
+    programs: Iterable,
+    systems: Iterable[str],
+    out_dir: Path,
+    planned_bytes: Optional[Callable] = None,
+    unannotated: bool = False,
 ) -> list[ProgramCheck]:
     """Every program the `ShardedProgram`s wrote for tt-mlir (main and fold), compiled for each system
     and compared with its plan's tt-mlir prediction (the fold program: none). `planned_bytes(program)`:
-    the planner's DRAM per device for a main program (default: its plan's estimate for the whole model)."""
+    the planner's DRAM per device for a main program (default: its plan's estimate for the whole model).
+    `unannotated`: each main program also compiled without its plan, for what the pins cost (`parts.PinCost`)."""
     modules: dict[str, Path] = {}
     predicted: dict[str, list[Collective]] = {}
     planned: dict[str, int] = {}
@@ -321,234 +373,9 @@ def check_compiled(
         )
     device = chip_mesh(programs[-1].plan.user_mesh)
     predicted = {k: on_device(v, programs[-1].plan.user_mesh, device) for k, v in predicted.items()}
+    bare = list(predicted) if unannotated else []
     return [
-        c for s in systems for c in check_programs(modules, predicted, s, device, out_dir, planned, attentions, priced)
+        c
+        for s in systems
+        for c in check_programs(modules, predicted, s, device, out_dir, planned, attentions, priced, bare)
     ]
-
-
-def format_checks(checks: Iterable[ProgramCheck]) -> str:
-    lines = []
-    for c in checks:
-        head = (
-            f"{c.program} on {c.system}: "
-            + (f"compiled in {c.seconds:.1f} s" if c.compiled else f"REFUSED: {c.error}")
-            + "".join(f" ({k} {v})" for k, v in c.options.items())
-            + (f": level 0 because of {c.level_0_because}" if c.level_0_because else "")
-        )
-        lines.append(head)
-        if not c.compiled:
-            continue
-        for m in c.matches:
-            ok = "" if m.count_ok else "   <-- differs"
-            lines.append(
-                f"  {m.kind:18} {'+'.join(m.axes) or '-':12} predicted {m.predicted_count:4} / TTNN {m.observed_count:4}{ok}"
-            )
-        if not c.matches:
-            lines.append("  no collectives predicted, none in TTNN")
-        m = c.metrics
-        if m:
-            lines.append(
-                f"  TTNN: {c.local_slices} local slices (mesh_partition); perf metrics: {m['total_flops']:.3g} FLOPs "
-                f"per chip, {m['total_ops']:.0f} ops ({m['spilled_percentage']:.0f}% spilled to DRAM)"
-            )
-        lines.extend(_format_parts(c.parts))
-        lines.extend(_format_scores(c))
-        if c.memory is not None:
-            mem = c.memory
-            vs = f"; planner's estimate {c.planned_bytes / 2**20:.2f} MiB" if c.planned_bytes else ""
-            lines.append(
-                f"  DRAM per chip (TTNN): peak {mem.peak_bytes / 2**20:.2f} MiB at {mem.peak_op} "
-                f"({mem.peak_logical_bytes / 2**20:.2f} MiB of data, x{mem.tile_padding:.1f} in 32x32 tiles){vs}"
-            )
-        lines.append("  " + ("as predicted" if c.as_predicted else "NOT as predicted"))
-    return "\n".join(lines)
-
-
-def _format_scores(c: ProgramCheck) -> list[str]:
-    """One line per kind of score matrix found: its type, how many, and whether it refuses the program."""
-    seen: dict[tuple, int] = {}
-    for x in c.score_matrices:
-        key = (x.type, x.op, x.bytes, x.lq, x.lk, x in c.unfused_scores)
-        seen[key] = seen.get(key, 0) + 1
-    out = []
-    for (kind, op, nbytes, lq, lk, refused), n in seen.items():
-        verdict = (
-            "REFUSED: handed over as fused attention, priced as one kernel that never writes it"
-            + (f" (compiled at level 0: {c.level_0_because})" if c.level_0_because else "")
-            if refused
-            else "priced by the planner (its memory holds the scores)"
-            if c.scores_priced
-            else "not handed over as fused attention (an fp32 attention, or fused_ops off)"
-        )
-        out.append(
-            f"  {n} x score matrix {kind} ({op}, {nbytes / 2**20:.2f} MiB per chip) of an attention with "
-            f"L_q {lq}, L_k {lk}: {verdict}"
-        )
-    return out
-
-
-def _ops(ops: Mapping[str, int], top: int = 8) -> str:
-    shown = sorted(((n, k) for k, n in ops.items() if k != "ttnn.deallocate"), reverse=True)
-    head = ", ".join(f"{k.removeprefix('ttnn.')} {n}" for n, k in shown[:top])
-    return f"{sum(ops.values())} ops: {head}" + (", ..." if len(shown) > top else "")
-
-
-def _format_parts(parts) -> list[str]:
-    """The per-part histogram: identical blocks once, with their count."""
-    out, k = [], 0
-    while k < len(parts):
-        name, ops = parts[k]
-        same = 1
-        while name not in (ttnn.PROLOGUE, ttnn.EPILOGUE) and k + same < len(parts) and parts[k + same][1] == ops:
-            same += 1
-        label = name if same == 1 else f"{name}..{parts[k + same - 1][0]} (each)"
-        out.append(f"  TTNN {label}: {_ops(ops)}")
-        k += same
-    return out
-
-
-@dataclass(frozen=True)
-class ModelCheck:
-    """`check_model`'s result: the plan, the CPU numerics of the same pinned plan, one check per program."""
-
-    plan_summary: str
-    pins: int
-    constraints: int
-    pcc: float
-    max_abs: float
-    checks: tuple[ProgramCheck, ...]
-    # eager in the model's dtype against eager fp32 (1.0 and 0 for fp32): the error the dtype itself costs
-    eager_pcc: float = 1.0
-    eager_max_abs: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return all(c.as_predicted for c in self.checks)
-
-    def to_json(self) -> dict:
-        return {
-            "plan": self.plan_summary,
-            **_attrs(self, "pins", "constraints", "pcc", "max_abs", "eager_pcc", "eager_max_abs", "ok"),
-            "programs": [c.to_json() for c in self.checks],
-        }
-
-
-def check_model(
-    model: str,
-    mesh: MeshSpec,
-    systems: Iterable[str],
-    out_dir: Path,
-    *,
-    component: str = "transformer",
-    plan: Optional[str] = None,
-    memory_gb: Optional[float] = None,
-    rewrites: str = "none",
-    frames: int = 9,
-    batch: int = 1,
-    cfg_parallel: str = "auto",
-    hardware: Optional[str] = None,
-    t_chunk: Optional[int] = None,
-    dtype: str = "float32",
-    tightest: bool = False,
-) -> ModelCheck:
-    """Compile `model`'s `component` (a tiny random-weight config: ``tiny``, a Wan-family DiT of
-    `wancompile.models.FAMILIES` such as ``wan-i2v`` or ``wan-ti2v`` with its example inputs, or a VAE) with ``target="tt-mlir"`` on
-    ``mesh.size`` virtual CPU devices, run it once (numerics against eager fp32: the pinned plan on
-    GSPMD), then compile every program the call wrote through tt-mlir for each system. `dtype`: the DiT
-    as a pipeline loads it in that dtype (`wancompile.models.as_loaded`; inputs likewise), its numerics still
-    against eager fp32. `tightest`: a DiT planned at the smallest budget the planner accepts on `mesh`
-    (`MemoryBudgetError.need_gb`), as the fuzz's ``min`` cases. Starts the XLA runtime: call it in a process
-    where it has not started."""
-    import torch
-
-    from planner.pins import pin_count
-    from wancompile import runtime
-
-    out_dir = Path(out_dir)
-    env.require()
-    for old in [*out_dir.glob("*.mlirbc"), *out_dir.glob("*.tt.mlir")]:  # a reused --out: this call's programs only
-        old.unlink()
-    runtime.configure(num_devices=mesh.size, dump_dir=out_dir / "hlo")
-    from wancompile.programs import recent_programs
-    from wancompile.verify import numerics
-
-    options = {"mesh": str(mesh), "target": "tt-mlir", "dump_dir": str(out_dir), "rewrites": rewrites}
-    options.update({k: v for k, v in (("plan", plan), ("memory_gb", memory_gb), ("hardware", hardware)) if v})
-    if component == "vae":
-        import wancompile.vae as wvae
-        from wancompile.vae.configs import VAE_CONFIGS, build_vae
-
-        vae = wvae.enable_full_t(build_vae(model), t_chunk=t_chunk)
-        z_dim = VAE_CONFIGS[model]["z_dim"]
-        z = torch.randn(1, z_dim, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-        # chunked-T decodes one graph per chunk shape (its driver loop stays in Python)
-        compiled = torch.compile(vae.decode, backend="wan_autoshard", options=options, fullgraph=t_chunk is None)
-        with torch.no_grad():
-            out = compiled(z).sample
-            eager = vae.decode(z).sample
-    else:
-        from wancompile.models import FAMILIES, as_loaded, build_family, build_transformer, transformer_inputs
-
-        options["cfg_parallel"] = cfg_parallel
-        if model in FAMILIES:  # a Wan-family DiT (wan-i2v, wan-ti2v, ...) with its own example inputs
-            module, inputs = build_family(model)
-        else:
-            module = build_transformer(model)
-            inputs = transformer_inputs(model, "tiny", frames, batch=batch)
-        with torch.no_grad():
-            eager = module(**inputs, return_dict=False)[0]  # fp32: the reference in every dtype
-        if dtype != "float32":
-            module = as_loaded(module, getattr(torch, dtype))
-            inputs = {k: _cast(v, getattr(torch, dtype)) for k, v in inputs.items()}
-        if tightest:
-            options["memory_gb"] = _tightest(module, inputs, options)
-        compiled = torch.compile(module, backend="wan_autoshard", options=options, fullgraph=True)
-        with torch.no_grad():
-            out = compiled(**inputs, return_dict=False)[0].float()
-            if dtype != "float32":  # the error the dtype itself costs: eager in it, against eager fp32
-                in_dtype = numerics(module(**inputs, return_dict=False)[0].float(), eager)
-    result = numerics(out, eager)
-    programs = [p for p in recent_programs() if p.stablehlo_sink is not None and p.stablehlo_sink.written]
-    checks = check_compiled(programs, systems, out_dir)
-    plan = programs[-1].plan
-    eager_pcc, eager_max_abs = (
-        (in_dtype.pcc, in_dtype.max_abs) if dtype != "float32" and component != "vae" else (1.0, 0.0)
-    )
-    return ModelCheck(
-        plan.summary(),
-        pin_count(plan),
-        len(plan.activations),
-        result.pcc,
-        result.max_abs,
-        tuple(checks),
-        eager_pcc,
-        eager_max_abs,
-    )
-
-
-def _cast(value, dtype):
-    """A floating-point input tensor in `dtype`; anything else as it is."""
-    import torch
-
-    return value.to(dtype) if isinstance(value, torch.Tensor) and value.is_floating_point() else value
-
-
-def _tightest(module, inputs: dict, options: dict) -> float:
-    """The smallest per-device budget (GB) the planner accepts for `module` under `options`: what it names
-    when asked to plan within none."""
-    import torch
-
-    from planner.errors import MemoryBudgetError
-
-    try:
-        with torch.no_grad():
-            torch.compile(module, backend="wan_autoshard", options={**options, "memory_gb": 1e-9}, fullgraph=True)(
-                **inputs, return_dict=False
-            )
-    except Exception as e:  # the planner's error, out of dynamo's BackendCompilerFailed
-        inner = getattr(e, "inner_exception", None) or e
-        if isinstance(inner, MemoryBudgetError):
-            torch._dynamo.reset()
-            return inner.need_gb
-        raise
-    raise RuntimeError("a 1e-9 GB budget planned: the model holds no parameters to budget")

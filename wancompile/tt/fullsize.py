@@ -28,7 +28,8 @@ from typing import Iterable, Optional
 
 from planner.mesh import MeshSpec
 from wancompile.tt import env
-from wancompile.tt.check import ProgramCheck, format_checks
+from wancompile.tt.check import ProgramCheck
+from wancompile.tt.format import format_checks
 from wancompile.tt.worker import peak_rss_bytes
 
 log = logging.getLogger("wancompile")
@@ -55,7 +56,7 @@ class FullSizeCheck:
 
     @property
     def ok(self) -> bool:
-        return bool(self.checks) and all(c.as_predicted for c in self.checks)
+        return bool(self.checks) and all(c.as_predicted and c.pins_clean for c in self.checks)
 
     def to_json(self) -> dict:
         return {
@@ -158,13 +159,14 @@ def check_full_size(
     memory_gb: Optional[float] = None,
     weight_sets: Optional[int] = None,
     rewrites: tuple[str, ...] = (),
+    unannotated: bool = False,
 ) -> FullSizeCheck:
     """Compile `blocks` blocks of the full-size `model` (a ``wancompile.models`` config) at `resolution`
     through tt-mlir for each of `systems`, planned for the whole model (module docstring). `hardware`:
     the cost-model profile (default: the first system's); `weight_sets`: default 2 for the A14B experts;
     `rewrites`: the backend's passes, run before planning as the backend runs them (``patch_embed`` keeps
-    the program free of conv3d, so that fused attention is compiled at optimization_level 1).
-    Starts the XLA runtime: call it in a process where it has not started."""
+    the program free of conv3d, so that fused attention is compiled at optimization_level 1);
+    `unannotated`: the program also compiled with its plan taken out (`wancompile.tt.parts.PinCost`). Starts the XLA runtime: call it in a process where it has not started."""
     import torch
 
     from planner.forward import evaluate_forward
@@ -211,7 +213,7 @@ def check_full_size(
     steps.done("export")
 
     planned = evaluate_forward(program.graph, program.plan, program.plan.hardware, num_blocks=blocks).memory_bytes
-    checks = check_compiled([program], systems, out_dir, planned_bytes=lambda _: int(planned))
+    checks = check_compiled([program], systems, out_dir, planned_bytes=lambda _: int(planned), unannotated=unannotated)
     steps.done("compile")
     names = dict(model=model, resolution=resolution, frames=frames, tokens=tokens)
     names |= dict(blocks=blocks, num_blocks=num_blocks, weight_sets=sets)

@@ -23,7 +23,6 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
 
 from planner.collective import Collective
 from planner.mesh import MeshSpec
@@ -159,7 +158,7 @@ def _logical(m: re.Match) -> int:
     return math.prod(int(d) for d in m.group("dims").split("x") if d) * _BYTES.get(m.group("dtype"), 4)
 
 
-def _main(text: str) -> list[str]:
+def main_body(text: str) -> list[str]:
     lines = text.splitlines()
     start = next((i for i, x in enumerate(lines) if re.search(r"func\.func @main\(", x)), None)
     if start is None:
@@ -176,7 +175,7 @@ def _main(text: str) -> list[str]:
 def memory(ttnn_text: str, top: int = 5) -> Memory:
     """The per-chip memory of the final TTNN IR's ``@main`` (`Memory`)."""
     layouts = _layouts(ttnn_text)
-    body = _main(ttnn_text)
+    body = main_body(ttnn_text)
     live: dict[str, tuple[int, int, str, str]] = {}  # value -> (allocated, logical, space, type)
     space_total = Counter()
     logical_dram = 0
@@ -228,149 +227,3 @@ def memory(ttnn_text: str, top: int = 5) -> Memory:
             peak = (space_total["dram"], logical_dram, (op.group(1) or op.group(2)) if op else "?", dict(live))
     largest = sorted(((k, v[0], v[1], v[3]) for k, v in peak[3].items() if v[2] == "dram"), key=lambda x: -x[1])[:top]
     return Memory(peak[0], peak[1], arguments, constants, peak[2], tuple(largest), l1_peak)
-
-
-# --- which part of the model each op belongs to ------------------------------------------------------
-
-_ANY_OP = re.compile(
-    r'^\s*(?:(?P<name>%[\w.]+)(?::\d+)? = )?(?:"(?P<op>ttnn\.\w+)"|(?P<core>ttcore\.load_cached))\((?P<operands>[^)]*)\)'
-)
-_VALUE = re.compile(r"%[\w.]+")
-_PART = re.compile(r"^([A-Za-z_]\w*\.\d+)\.")  # blocks.3.attn1.to_q.weight -> blocks.3
-PROLOGUE, EPILOGUE = "prologue", "epilogue"
-
-
-def part_of(parameter: str) -> str:
-    """The repeated module a parameter belongs to (``blocks.3``), else its top-level module (``proj_out``)."""
-    m = _PART.match(parameter)
-    return m.group(1) if m else parameter.split(".")[0]
-
-
-def _dataflow(ttnn_text: str, argument_names: Optional[list[list[str]]] = None) -> tuple[list[str], list[tuple]]:
-    """``@main``'s arguments and its ops in order, each (result or None, op name, operand values)."""
-    body = _main(ttnn_text)
-    args = [m.group(1) for m in re.finditer(r"(%arg\d+): tensor<", body[0])]
-    if argument_names is not None and len(args) != len(argument_names):
-        raise ValueError(f"@main has {len(args)} arguments, the export named {len(argument_names)}")
-    ops = []
-    for line in body[1:]:
-        m = _ANY_OP.match(line)
-        if m:
-            operands = [v.split("#")[0] for v in _VALUE.findall(m.group("operands"))]
-            ops.append((m.group("name"), m.group("op") or m.group("core"), operands))
-    return args, ops
-
-
-def from_parameters(ttnn_text: str, argument_names: list[list[str]]) -> set[str]:
-    """The values of ``@main`` computed from parameters alone (weights, folded weights, constants): what an
-    attention's scores never are."""
-    args, ops = _dataflow(ttnn_text, argument_names)
-    out = {a for a, names in zip(args, argument_names) if names}
-    inputs = set(args) - out
-    for name, _, operands in ops:
-        if name is not None and not any(v in inputs or (v.startswith("%") and v not in out) for v in operands):
-            out.add(name)
-    return out
-
-
-def by_part(ttnn_text: str, argument_names: list[list[str]]) -> tuple[tuple[str, Counter], ...]:
-    """The TTNN ops of ``@main`` by the part of the model they compute, in program order: ``prologue``,
-    each block (``blocks.0``, ...), ``epilogue``. `argument_names`: per argument of ``@main``, the
-    parameters it holds (`wancompile.tt.export.argument_names`).
-
-    An op belongs to the latest block whose parameters it reads, directly or through its operands (blocks
-    ranked by where the program first reads them), except a value computed from parameters alone of several
-    blocks (tt-mlir joins the blocks' text K/V projections into one concat and one linear): it belongs to
-    the prologue, and what is computed from it to the block its other operands say. An op that reads no
-    block belongs to the prologue; one that reads a top-level module's parameters first read after every
-    block (``proj_out``) to the epilogue. A ``deallocate`` belongs where its value does. An op that reads
-    only the residual stream (a block's first LayerNorm, without weights) therefore counts in the block
-    before it."""
-    args, ops = _dataflow(ttnn_text, argument_names)
-    parts_of = {a: {part_of(n) for n in names} for a, names in zip(args, argument_names)}
-    first: dict[str, int] = {}
-    for k, (_, _, operands) in enumerate(ops):
-        for v in operands:
-            for p in parts_of.get(v, ()):
-                first.setdefault(p, k)
-    blocks = sorted((p for p in first if _PART.match(p + ".")), key=first.get)
-    last_block = max((first[p] for p in blocks), default=-1)
-    rank = {
-        p: (1 + blocks.index(p)) if p in blocks else (len(blocks) + 1 if first[p] > last_block else 0) for p in first
-    }
-    label = [PROLOGUE, *blocks, EPILOGUE]
-    # value -> (rank, computed from parameters alone, the blocks it was computed from if so)
-    state: dict[str, tuple[int, bool, frozenset]] = {}
-    for a, ps in parts_of.items():
-        own = frozenset(p for p in ps if p in blocks)
-        state[a] = (0 if len(own) > 1 else max((rank[p] for p in ps), default=0), bool(ps), own)
-    counts: dict[int, Counter] = {}
-    for name, op, operands in ops:
-        ins = [state[v] for v in operands if v in state]
-        params_only = all(x[1] for x in ins)
-        own = frozenset().union(*(x[2] for x in ins)) if params_only else frozenset()
-        r = 0 if len(own) > 1 else max((x[0] for x in ins), default=0)
-        if name is not None:
-            state[name] = (r, params_only, own)
-        counts.setdefault(r, Counter())[op] += 1
-    return tuple((label[r], counts[r]) for r in sorted(counts))
-
-
-@dataclass(frozen=True)
-class ScoreMatrix:
-    """A tensor of a compiled attention's L_q x L_k scores (each chip's part of them) in the TTNN program."""
-
-    value: str  # the SSA value, e.g. "%412"
-    op: str  # the op that makes it (ttnn.matmul, ttnn.softmax, ...)
-    type: str  # "1x4x48x48xbf16"
-    bytes: int  # per chip, as the type says (without tile padding)
-    lq: int  # the attention's query and key lengths (whole, as the model has them)
-    lk: int
-
-
-def _contracted(line: str, rest: str) -> Optional[int]:
-    """The contracted dim of a ``ttnn.matmul`` line (its first operand's last dim, or second-last if transposed)."""
-    operands = [
-        [int(d) for d in m.group("dims").split("x") if d]
-        for m in _TENSOR.finditer(rest.rsplit(" : ", 1)[-1].split(") -> ")[0])
-    ]
-    if not operands or len(operands[0]) < 2:
-        return None
-    return operands[0][-2] if "transpose_a = true" in line else operands[0][-1]
-
-
-def score_matrices(
-    ttnn_text: str,
-    attentions: Iterable[tuple[int, int, int]],
-    splits: Iterable[int],
-    weights: frozenset = frozenset(),
-) -> list[ScoreMatrix]:
-    """The score matrices of ``@main``: results of a softmax, or of a matmul contracting an attention's head
-    dim, whose last two dims are the attention's query tokens, whole or split `splits`-ways (a chip's part
-    under SP), and all its key tokens (SP gathers K/V; Ulysses holds every token of its heads): what fused
-    attention never writes. `attentions`: (L_q, L_k, head dim) of each attention call; `weights`: values
-    computed from parameters alone (`from_parameters`): a matmul reading one is a projection, whatever its
-    shape (a tiny DiT's 64-wide stream and 64 tokens look alike)."""
-    pairs: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
-    for lq, lk, d in attentions:
-        for s in sorted(set(splits) | {1}):
-            if lq % s == 0:
-                pairs.setdefault((lq // s, lk), []).append((lq, lk, d))
-    out = []
-    for line in _main(ttnn_text)[1:]:
-        m = _OP.match(line)
-        if not m or m.group("op") not in ("matmul", "softmax"):
-            continue
-        result = _TENSOR.search(m.group("rest").rsplit(" -> ", 1)[-1])
-        dims = [int(d) for d in result.group("dims").split("x") if d] if result else []
-        if len(dims) < 2 or tuple(dims[-2:]) not in pairs:
-            continue
-        if m.group("op") == "matmul" and any(v.split("#")[0] in weights for v in _VALUE.findall(m.group("operands"))):
-            continue
-        k = _contracted(line, m.group("rest")) if m.group("op") == "matmul" else None
-        match = [a for a in pairs[tuple(dims[-2:])] if k is None or k == a[2]]
-        if match:
-            lq, lk, _ = match[0]
-            nbytes = math.prod(dims) * _BYTES.get(result.group("dtype"), 4)
-            out.append(ScoreMatrix(m.group("name"), f"ttnn.{m.group('op')}", result.group(0)[7:], nbytes, lq, lk))
-    return out

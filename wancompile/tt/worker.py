@@ -15,6 +15,12 @@ jax clashes with the user's; `wancompile.tt.env`).
     each (`wancompile.tt.export`) — so every Shardy sharding is a plan's spec; an annotation the plan
     did not make is an error, never a guess. Dimension shardings are closed: Shardy may not add axes.
 
+``unannotated MODULE.tt.mlir OUT.tt.mlir``
+    the same module with the plan taken out: every ``sdy.sharding_constraint`` removed (its value read
+    directly), every argument, result and op sharding replicated. tt-mlir compiles it as one chip's
+    program on every chip: the program its own patterns see without pins (`wancompile.tt.check`
+    compares the two per block).
+
 ``compile MODULE.tt.mlir SYSTEM.ttsys EXPORT_DIR [OPTIONS_JSON]``
     compile-only through tt-mlir (``TT_COMPILE_ONLY_SYSTEM_DESC``: no device is opened): StableHLO →
     TTIR → TTNN → flatbuffer for the descriptor's chips, every IR stage under ``EXPORT_DIR/irs``, TTNN's
@@ -122,6 +128,51 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
             raise SystemExit(f"{len(left)} op(s) keep a GSPMD annotation after the conversion, e.g. {left[0].name}")
         if not module.operation.verify():
             raise SystemExit("the Shardy module does not verify")
+        with open(dst, "w") as f:
+            f.write(module.operation.get_asm(large_elements_limit=None, enable_debug_info=False))
+    return counts
+
+
+def unannotated(src: str, dst: str) -> dict:
+    """The ``unannotated`` verb (module docstring); returns how many constraints and shardings it took out."""
+    from jax._src.interpreters.mlir import make_ir_context  # every dialect a jax program holds, registered
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import sdy
+
+    counts = {"constraints": 0, "shardings": 0}
+    with make_ir_context() as ctx, ir.Location.unknown():
+        sdy.register_dialect(ctx)
+        module = ir.Module.parse(open(src).read())
+
+        def replicated(ty):
+            rank = ir.RankedTensorType(ty).rank
+            return sdy.TensorShardingAttr.get("mesh", [sdy.DimensionShardingAttr.get([], True)] * rank)
+
+        def strip(attrs, types):
+            out = []
+            for d, ty in zip(attrs, types):
+                entries = {a.name: a.attr for a in ir.DictAttr(d)}
+                if "sdy.sharding" in entries:
+                    entries["sdy.sharding"] = replicated(ty)
+                    counts["shardings"] += 1
+                out.append(ir.DictAttr.get(entries))
+            return ir.ArrayAttr.get(out)
+
+        for o in list(_walk(module.operation)):
+            if o.name == "sdy.sharding_constraint":
+                o.results[0].replace_all_uses_with(o.operands[0])
+                o.erase()
+                counts["constraints"] += 1
+            elif o.name == "func.func":
+                fty = ir.FunctionType(ir.TypeAttr(o.attributes["function_type"]).value)
+                for key, types in (("arg_attrs", fty.inputs), ("res_attrs", fty.results)):
+                    if key in o.attributes:
+                        o.attributes[key] = strip(o.attributes[key], types)
+            elif "sdy.sharding" in o.attributes:
+                del o.attributes["sdy.sharding"]
+                counts["shardings"] += 1
+        if not module.operation.verify():
+            raise SystemExit("the unannotated module does not verify")
         with open(dst, "w") as f:
             f.write(module.operation.get_asm(large_elements_limit=None, enable_debug_info=False))
     return counts
@@ -331,12 +382,15 @@ def main(argv: list[str]) -> int:
     if verb == "shardy":
         print(json.dumps(shardy(*args)))
         return 0
+    if verb == "unannotated":
+        print(json.dumps(unannotated(*args)))
+        return 0
     if verb == "compile":
         res = compile_module(*args)
         sys.stdout.flush()
         print("TT-CHECK " + json.dumps(res), flush=True)
         return 0
-    raise SystemExit(f"unknown verb {verb!r}: shardy | compile")
+    raise SystemExit(f"unknown verb {verb!r}: shardy | unannotated | compile")
 
 
 if __name__ == "__main__":

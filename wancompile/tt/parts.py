@@ -1,0 +1,268 @@
+"""Reading a TTNN program by the model's parts: which block each op computes, the attention score matrices
+it writes, and what a plan's pins cost it.
+
+- `labelled_ops` / `by_part`: every op of ``@main`` labelled with the part of the model it computes
+  (``prologue``, ``blocks.0`` ..., ``epilogue``), from the parameters it reads (the export names each
+  module argument: `wancompile.tt.export.argument_names`); `from_parameters`: the values computed from
+  parameters alone;
+- `score_matrices`: the L_q x L_k tensors of a decomposed attention (`ScoreMatrix`), the memory fused
+  attention never spends;
+- `pin_costs`: per part, the pinned program's fused kernels and data movement against the same module
+  compiled with its plan taken out (`PinCost`), and which of the differences the plan's reshards explain.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from dataclasses import dataclass
+from typing import Iterable, Mapping, Optional
+
+from wancompile.tt.ttnn import _BYTES, _KIND, _OP, _TENSOR, main_body
+
+_ANY_OP = re.compile(
+    r'^\s*(?:(?P<name>%[\w.]+)(?::\d+)? = )?(?:"(?P<op>ttnn\.\w+)"|(?P<core>ttcore\.load_cached))\((?P<operands>[^)]*)\)'
+)
+_VALUE = re.compile(r"%[\w.]+")
+_PART = re.compile(r"^([A-Za-z_]\w*\.\d+)\.")  # blocks.3.attn1.to_q.weight -> blocks.3
+PROLOGUE, EPILOGUE = "prologue", "epilogue"
+
+
+def part_of(parameter: str) -> str:
+    """The repeated module a parameter belongs to (``blocks.3``), else its top-level module (``proj_out``)."""
+    m = _PART.match(parameter)
+    return m.group(1) if m else parameter.split(".")[0]
+
+
+def _dataflow(ttnn_text: str, argument_names: Optional[list[list[str]]] = None) -> tuple[list[str], list[tuple]]:
+    """``@main``'s arguments and its ops in order, each (result or None, op name, operand values)."""
+    body = main_body(ttnn_text)
+    args = [m.group(1) for m in re.finditer(r"(%arg\d+): tensor<", body[0])]
+    if argument_names is not None and len(args) != len(argument_names):
+        raise ValueError(f"@main has {len(args)} arguments, the export named {len(argument_names)}")
+    ops = []
+    for line in body[1:]:
+        m = _ANY_OP.match(line)
+        if m:
+            operands = [v.split("#")[0] for v in _VALUE.findall(m.group("operands"))]
+            ops.append((m.group("name"), m.group("op") or m.group("core"), operands))
+    return args, ops
+
+
+def from_parameters(ttnn_text: str, argument_names: list[list[str]]) -> set[str]:
+    """The values of ``@main`` computed from parameters alone (weights, folded weights, constants): what an
+    attention's scores never are."""
+    args, ops = _dataflow(ttnn_text, argument_names)
+    out = {a for a, names in zip(args, argument_names) if names}
+    inputs = set(args) - out
+    for name, _, operands in ops:
+        if name is not None and not any(v in inputs or (v.startswith("%") and v not in out) for v in operands):
+            out.add(name)
+    return out
+
+
+def by_part(ttnn_text: str, argument_names: list[list[str]]) -> tuple[tuple[str, Counter], ...]:
+    """The TTNN ops of ``@main`` by the part of the model they compute (`labelled_ops`), in program order:
+    ``prologue``, each block (``blocks.0``, ...), ``epilogue``."""
+    counts: dict[str, Counter] = {}
+    for part, _, op, _ in labelled_ops(ttnn_text, argument_names):
+        counts.setdefault(part, Counter())[op] += 1
+    return tuple(counts.items())
+
+
+def labelled_ops(ttnn_text: str, argument_names: list[list[str]]) -> list[tuple[str, Optional[str], str, list[str]]]:
+    """Every op of ``@main`` as (part, result or None, op name, operand values), in program order, parts
+    ordered prologue, blocks, epilogue. `argument_names`: per argument of ``@main``, the parameters it holds
+    (`wancompile.tt.export.argument_names`).
+
+    An op belongs to the latest block whose parameters it reads, directly or through its operands (blocks
+    ranked by where the program first reads them), except a value computed from parameters alone of several
+    blocks (tt-mlir joins the blocks' text K/V projections into one concat and one linear): it belongs to
+    the prologue, and what is computed from it to the block its other operands say. An op that reads no
+    block belongs to the prologue; one that reads a top-level module's parameters first read after every
+    block (``proj_out``) to the epilogue. A ``deallocate`` belongs where its value does. An op that reads
+    only the residual stream (a block's first LayerNorm, without weights) therefore counts in the block
+    before it."""
+    args, ops = _dataflow(ttnn_text, argument_names)
+    parts_of = {a: {part_of(n) for n in names} for a, names in zip(args, argument_names)}
+    first: dict[str, int] = {}
+    for k, (_, _, operands) in enumerate(ops):
+        for v in operands:
+            for p in parts_of.get(v, ()):
+                first.setdefault(p, k)
+    blocks = sorted((p for p in first if _PART.match(p + ".")), key=first.get)
+    last_block = max((first[p] for p in blocks), default=-1)
+    rank = {
+        p: (1 + blocks.index(p)) if p in blocks else (len(blocks) + 1 if first[p] > last_block else 0) for p in first
+    }
+    label = [PROLOGUE, *blocks, EPILOGUE]
+    # value -> (rank, computed from parameters alone, the blocks it was computed from if so)
+    state: dict[str, tuple[int, bool, frozenset]] = {}
+    for a, ps in parts_of.items():
+        own = frozenset(p for p in ps if p in blocks)
+        state[a] = (0 if len(own) > 1 else max((rank[p] for p in ps), default=0), bool(ps), own)
+    out = []
+    for name, op, operands in ops:
+        ins = [state[v] for v in operands if v in state]
+        params_only = all(x[1] for x in ins)
+        own = frozenset().union(*(x[2] for x in ins)) if params_only else frozenset()
+        r = 0 if len(own) > 1 else max((x[0] for x in ins), default=0)
+        if name is not None:
+            state[name] = (r, params_only, own)
+        out.append((r, name, op, operands))
+    return [(label[r], name, op, operands) for r, name, op, operands in sorted(out, key=lambda x: x[0])]
+
+
+@dataclass(frozen=True)
+class ScoreMatrix:
+    """A tensor of a compiled attention's L_q x L_k scores (each chip's part of them) in the TTNN program."""
+
+    value: str  # the SSA value, e.g. "%412"
+    op: str  # the op that makes it (ttnn.matmul, ttnn.softmax, ...)
+    type: str  # "1x4x48x48xbf16"
+    bytes: int  # per chip, as the type says (without tile padding)
+    lq: int  # the attention's query and key lengths (whole, as the model has them)
+    lk: int
+
+
+def _contracted(line: str, rest: str) -> Optional[int]:
+    """The contracted dim of a ``ttnn.matmul`` line (its first operand's last dim, or second-last if transposed)."""
+    operands = [
+        [int(d) for d in m.group("dims").split("x") if d]
+        for m in _TENSOR.finditer(rest.rsplit(" : ", 1)[-1].split(") -> ")[0])
+    ]
+    if not operands or len(operands[0]) < 2:
+        return None
+    return operands[0][-2] if "transpose_a = true" in line else operands[0][-1]
+
+
+def score_matrices(
+    ttnn_text: str,
+    attentions: Iterable[tuple[int, int, int]],
+    splits: Iterable[int],
+    weights: frozenset = frozenset(),
+) -> list[ScoreMatrix]:
+    """The score matrices of ``@main``: results of a softmax, or of a matmul contracting an attention's head
+    dim, whose last two dims are the attention's query tokens, whole or split `splits`-ways (a chip's part
+    under SP), and all its key tokens (SP gathers K/V; Ulysses holds every token of its heads): what fused
+    attention never writes. `attentions`: (L_q, L_k, head dim) of each attention call; `weights`: values
+    computed from parameters alone (`from_parameters`): a matmul reading one is a projection, whatever its
+    shape (a tiny DiT's 64-wide stream and 64 tokens look alike)."""
+    pairs: dict[tuple[int, int], list[tuple[int, int, int]]] = {}
+    for lq, lk, d in attentions:
+        for s in sorted(set(splits) | {1}):
+            if lq % s == 0:
+                pairs.setdefault((lq // s, lk), []).append((lq, lk, d))
+    out = []
+    for line in main_body(ttnn_text)[1:]:
+        m = _OP.match(line)
+        if not m or m.group("op") not in ("matmul", "softmax"):
+            continue
+        result = _TENSOR.search(m.group("rest").rsplit(" -> ", 1)[-1])
+        dims = [int(d) for d in result.group("dims").split("x") if d] if result else []
+        if len(dims) < 2 or tuple(dims[-2:]) not in pairs:
+            continue
+        if m.group("op") == "matmul" and any(v.split("#")[0] in weights for v in _VALUE.findall(m.group("operands"))):
+            continue
+        k = _contracted(line, m.group("rest")) if m.group("op") == "matmul" else None
+        match = [a for a in pairs[tuple(dims[-2:])] if k is None or k == a[2]]
+        if match:
+            lq, lk, _ = match[0]
+            nbytes = math.prod(dims) * _BYTES.get(result.group("dtype"), 4)
+            out.append(ScoreMatrix(m.group("name"), f"ttnn.{m.group('op')}", result.group(0)[7:], nbytes, lq, lk))
+    return out
+
+
+# --- what the pins cost: the pinned program against the same program unannotated ----------------------
+
+COLLECTIVE_OPS = frozenset({f"ttnn.{k}" for k in _KIND} | {"ttnn.mesh_partition"})
+MOVES = ("ttnn.reshape", "ttnn.permute", "ttnn.to_layout")
+# the kernels tt-mlir's patterns make of several ops (a linear: matmul + bias, its activation too)
+FUSED_KERNELS = ("ttnn.scaled_dot_product_attention", "ttnn.layer_norm", "ttnn.rms_norm", "ttnn.gelu", "ttnn.linear")
+_THROUGH = frozenset(MOVES) | {"ttnn.typecast"}  # what a collective's operand passes through on its way
+_REDUCTIONS = frozenset({"ttnn.all_reduce", "ttnn.reduce_scatter"})
+
+
+@dataclass(frozen=True)
+class PinCost:
+    """One part of the model (`labelled_ops`) compiled pinned and unannotated (`wancompile.tt.worker`
+    ``unannotated``): its fused kernels and data movement in each, (pinned, unannotated) by op, and which of
+    the pinned program's extra ones the plan's reshards explain: a move in a chain of moves into or out of a
+    collective (TTNN's collectives take 4-D tiled tensors), a matmul whose bias cannot join it because its
+    result is reduced across chips first (a row-parallel linear: the bias is added after the all-reduce)."""
+
+    part: str
+    kernels: Mapping[str, tuple[int, int]]
+    moves: Mapping[str, tuple[int, int]]
+    moves_at_reshards: Mapping[str, int]
+    matmuls_before_reductions: int
+
+    @property
+    def unexplained(self) -> dict[str, int]:
+        """By op: fusions lost, and ("moves") reshapes, permutes and layout copies added, that no reshard of the
+        plan explains (empty: the pins cost nothing but what the plan's collectives need)."""
+        out = {}
+        for op, (pinned, bare) in self.kernels.items():
+            lost = bare - pinned - (self.matmuls_before_reductions if op == "ttnn.linear" else 0)
+            if lost > 0:
+                out[op] = lost
+        # moves counted together: a permute that moves a size-1 dim (one head per chip) is compiled as a reshape
+        added = sum(p - b for p, b in self.moves.values()) - sum(self.moves_at_reshards.values())
+        if added > 0:
+            out["moves"] = added
+        return out
+
+
+def _at_reshards(ops: list[tuple]) -> tuple[set[str], set[str]]:
+    """(moves in a chain of moves into or out of a collective, matmuls whose result such a chain reduces)."""
+    producer = {name: (op, operands) for _, name, op, operands in ops if name}
+    readers: dict[str, list[tuple[Optional[str], str]]] = {}
+    for _, name, op, operands in ops:
+        for v in operands:
+            readers.setdefault(v, []).append((name, op))
+    moves, matmuls = set(), set()
+    for _, name, op, operands in ops:
+        if op not in COLLECTIVE_OPS:
+            continue
+        stack = list(operands)
+        while stack:  # up: what the collective's operand passed through
+            v = stack.pop()
+            made = producer.get(v)
+            if made is None or v in moves:
+                continue
+            if made[0] in _THROUGH:
+                moves.add(v)
+                stack.extend(made[1])
+            elif made[0] == "ttnn.matmul" and op in _REDUCTIONS:
+                matmuls.add(v)
+        stack = [name] if name else []
+        while stack:  # down: what its result passes through
+            v = stack.pop()
+            for reader, rop in readers.get(v, ()):
+                if reader and rop in _THROUGH and reader not in moves:
+                    moves.add(reader)
+                    stack.append(reader)
+    return moves, matmuls
+
+
+def pin_costs(pinned: str, unannotated: str, argument_names: list[list[str]]) -> tuple[PinCost, ...]:
+    """Per part of the model, the pinned TTNN program's fused kernels and moves against the unannotated one's
+    (`PinCost`); both TTNN IRs of one exported module (the same arguments)."""
+    ops = labelled_ops(pinned, argument_names)
+    moves, matmuls = _at_reshards(ops)
+    bare = dict(by_part(unannotated, argument_names))
+    out = []
+    for part, counts in by_part(pinned, argument_names):
+        other = bare.get(part, Counter())
+        at = Counter(op for p, name, op, _ in ops if p == part and name in moves and op in MOVES)
+        out.append(
+            PinCost(
+                part,
+                {k: (counts[k], other[k]) for k in FUSED_KERNELS if counts[k] or other[k]},
+                {k: (counts[k], other[k]) for k in MOVES if counts[k] or other[k]},
+                dict(at),
+                sum(1 for p, name, op, _ in ops if p == part and name in matmuls),
+            )
+        )
+    return tuple(out)
