@@ -17,8 +17,16 @@ producing tokens (B, L, D)), and emits the token-major form directly::
        tokens = linear(patches, w.flatten(1), b)                                          # B L D
 
 so the (B, L, D) tensor the sequence-parallel shard applies to is a linear's output, not a reshape of
-a partitioned conv output (the partitioner bug of seed 000, ``docs/seeds.md``). The input's T, H and W must be
-static multiples of the kernel (a conv would drop the remainder).
+a partitioned conv output (the partitioner bug of seed 000, ``docs/seeds.md``). A patch conv whose output is
+used some other way first (Wan Animate adds its pose patches into frames 1.. before flattening) takes the
+same linear and is put back channels-first, so no 3-D convolution is left in the DiT::
+
+    y = conv3d(x, w, b, stride=k)                                                        # B D T' H' W'
+    →  y = linear(patches, w.flatten(1), b).unflatten(1, (T', H', W')).permute(0, 4, 1, 2, 3)
+
+(tt-mlir's ``optimization_level`` 1, which keeps fused attention, refuses ``ttnn.conv3d``:
+`wancompile.tt.check.compile_options`). The input's T, H and W must be static multiples of the kernel (a conv
+would drop the remainder).
 
 Both are pattern + replacement (`rewrites._pattern`): the pattern is the conv call as ``nn.ConvNd``
 emits it (all seven arguments), the preconditions on the literals are `_check_plain`.
@@ -61,13 +69,25 @@ def _check_1x1(m: Match):
     _check_plain(conv, stride=(1,) * CONV[conv.target])
 
 
+def _tokens(x, w, b, kernel: tuple):
+    kt, kh, kw = kernel
+    patches = x.unflatten(4, (-1, kw)).unflatten(3, (-1, kh)).unflatten(2, (-1, kt))  # B C T' kt H' kh W' kw
+    patches = named(patches.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4).flatten(1, 3), "patches")  # B L (C kt kh kw)
+    return named(torch._C._nn.linear(patches, w.flatten(1), b), "tokens")
+
+
 def _patches_to_linear(m: Match):
-    kt, kh, kw = _kernel(m.first)
+    def replacement(x, w, b, **_):
+        return _tokens(x, w, b, _kernel(m.first))
+
+    return replacement
+
+
+def _patches_to_channels_first(m: Match):
+    grid = tuple(shape(m.first)[2:])  # T' H' W', static (`_check_divisible`)
 
     def replacement(x, w, b, **_):
-        patches = x.unflatten(4, (-1, kw)).unflatten(3, (-1, kh)).unflatten(2, (-1, kt))  # B C T' kt H' kh W' kw
-        patches = named(patches.permute(0, 2, 4, 6, 1, 3, 5, 7).flatten(4).flatten(1, 3), "patches")  # B L (C kt kh kw)
-        return named(torch._C._nn.linear(patches, w.flatten(1), b), "tokens")
+        return _tokens(x, w, b, _kernel(m.first)).unflatten(1, grid).permute(0, 4, 1, 2, 3)
 
     return replacement
 
@@ -77,6 +97,15 @@ def _check_patch(m: Match):
     if tuple(flatten.args[1:]) not in {(2,), (2, -1), (2, 4)} or tuple(sorted(transpose.args[1:])) != (1, 2):
         return False
     kernel = _kernel(conv)
+    _check_plain(conv, stride=kernel)
+    _check_divisible(conv, kernel)
+
+
+def _check_bare_patch(m: Match):
+    conv = m.first
+    kernel = _kernel(conv)
+    if _as_tuple(_conv_args(conv)["stride"], 3) != kernel or all(k == 1 for k in kernel):
+        return False  # not a patchify (a 1x1x1 conv is conv1x1's)
     _check_plain(conv, stride=kernel)
     _check_divisible(conv, kernel)
 
@@ -100,7 +129,11 @@ def _positional(gm: fx.GraphModule, candidate) -> None:
 
 
 def patch_embed_to_linear(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
-    return rewrite_patterns(gm, "patch_embed", [Pattern(_patch_pattern, _patches_to_linear, _check_patch)])
+    patterns = [
+        Pattern(_patch_pattern, _patches_to_linear, _check_patch),
+        Pattern(_conv_pattern(torch.conv3d), _patches_to_channels_first, _check_bare_patch),
+    ]
+    return rewrite_patterns(gm, "patch_embed", patterns)
 
 
 register(
@@ -115,7 +148,7 @@ register(
     Rewrite(
         "patch_embed",
         patch_embed_to_linear,
-        "conv3d with kernel == stride, then flatten(2).transpose(1, 2) -> linear over patches giving (B, L, D)",
+        "conv3d with kernel == stride -> linear over patches giving (B, L, D) (channels-first again where not flattened)",
         order=40,
         after=("conv1x1",),  # a k = s = 1 conv takes conv1x1's cheaper form
     )

@@ -102,7 +102,16 @@ def test_an_input_that_is_not_a_multiple_of_the_patch_is_left_alone():
     assert any(n.target is torch.conv3d for n in gm.graph.nodes)
 
 
-def test_a_patch_conv_not_followed_by_flatten_transpose_is_not_a_candidate():
+def test_a_patch_conv_used_channels_first_becomes_a_linear_put_back_channels_first():
+    """Wan Animate adds its pose patches into frames 1.. before flattening: no 3-D convolution is left."""
+    torch.manual_seed(0)
     conv = nn.Conv3d(4, 8, (1, 2, 2), stride=(1, 2, 2))
+    gm, report, error = rewrite("patch_embed", lambda x: conv(x)[:, :, 1:] * 2, torch.randn(1, 4, 3, 4, 6))
+    assert (report.count, report.skipped, error <= 1e-6) == (1, (), True)
+    assert not any(n.target is torch.conv3d for n in gm.graph.nodes)
+
+
+def test_a_conv_whose_stride_is_not_its_kernel_is_not_a_candidate():
+    conv = nn.Conv3d(4, 8, 3, stride=1, padding=1)
     gm, report, _ = rewrite("patch_embed", conv, torch.randn(1, 4, 3, 4, 4))
     assert (report.count, report.skipped) == (0, ())
