@@ -196,6 +196,15 @@ def test_auto_plan_at_its_smallest_budget_compiles_through_tt_mlir_as_predicted(
         (recorded,) = json.load(f)["compiled_memory"]
     assert recorded["system"] == "bh-2x4" and recorded["peak_bytes"] == mem["peak_bytes"]
     assert recorded["planned_bytes"] == mem["planned_bytes"] and recorded["chip_bytes"] == 32 * 10**9
+    # parameters are handed over marked as tt-xla marks them (tt-mlir computes what depends on them alone once),
+    # but the weights this plan gathers per use (FSDP over `batch`): marked, their all-gathers would run once,
+    # in a const-eval function, and the per-call gathers predicted above would be missing from @main
+    with open(os.path.join(report["out"], "plan.json")) as f:
+        specs = json.load(f)["params"]
+    assert main["parameter_arguments"] > 0 and main["gathered_per_use"]
+    assert all("batch" in json.dumps(specs[name]) for name in main["gathered_per_use"]), main["gathered_per_use"]
+    blocks = [p["ops"] for p in main["ttnn_ops_by_part"] if p["part"].startswith("blocks.")]
+    assert len(blocks) == 2 and all(b.get("ttcore.load_cached", 0) > 0 for b in blocks)
 
 
 @needs_tt

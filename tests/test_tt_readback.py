@@ -176,3 +176,51 @@ def test_what_the_pins_cost_is_explained_by_the_reshards_or_reported():
     assert cost.unexplained == {"moves": 1}
     (same,) = pin_costs(_BARE, _BARE, _MLP)
     assert same.unexplained == {}
+
+
+# The same two blocks with their weights computed from once (tt-mlir's const-eval of arguments marked
+# ``parameter``): every ``ttcore.load_cached`` comes first, block 1's before block 0's, and block 0's weight
+# is all-gathered in its const-eval function.
+TTNN_CONST_EVAL = """module {
+  func.func private @main_const_eval_0(%arg0: tensor<32x64xbf16, #ttnn_layout>) -> tensor<64x64xbf16, #ttnn_layout> attributes {tt.function_type = "const_eval"} {
+    %0 = "ttnn.all_gather"(%arg0) <{all_gather_dim = 0 : si32, cluster_axis = 0 : ui32}> : (tensor<32x64xbf16, #ttnn_layout>) -> tensor<64x64xbf16, #ttnn_layout> loc(#loc1)
+    return %0 : tensor<64x64xbf16, #ttnn_layout> loc(#loc1)
+  } loc(#loc1)
+  func.func private @main_const_eval_1(%arg0: tensor<64x64xbf16, #ttnn_layout>) -> tensor<64x64xbf16, #ttnn_layout> attributes {tt.function_type = "const_eval"} {
+    %0 = "ttnn.to_layout"(%arg0) <{layout = #ttnn.layout<tile>}> : (tensor<64x64xbf16, #ttnn_layout>) -> tensor<64x64xbf16, #ttnn_layout> loc(#loc1)
+    return %0 : tensor<64x64xbf16, #ttnn_layout> loc(#loc1)
+  } loc(#loc1)
+  func.func @main(%arg0: tensor<32x64xbf16, #ttnn_layout>, %arg1: tensor<64x64xbf16, #ttnn_layout>, %arg2: tensor<48x64xbf16, #ttnn_layout>) -> tensor<48x64xbf16, #ttnn_layout> {
+    %0 = ttcore.load_cached(@main_const_eval_1, [%arg1]) : (tensor<64x64xbf16, #ttnn_layout>) -> tensor<64x64xbf16, #ttnn_layout> loc(#loc1)
+    %1 = ttcore.load_cached(@main_const_eval_0, [%arg0]) : (tensor<32x64xbf16, #ttnn_layout>) -> tensor<64x64xbf16, #ttnn_layout> loc(#loc1)
+    %2 = "ttnn.linear"(%arg2, %1) <{transpose_a = false, transpose_b = true}> : (tensor<48x64xbf16, #ttnn_layout>, tensor<64x64xbf16, #ttnn_layout>) -> tensor<48x64xbf16, #ttnn_layout> loc(#loc1)
+    %3 = "ttnn.all_reduce"(%2) <{cluster_axis = 1 : ui32, reduce_type = #ttcore.reduce_type<sum>}> : (tensor<48x64xbf16, #ttnn_layout>) -> tensor<48x64xbf16, #ttnn_layout> loc(#loc1)
+    %4 = "ttnn.matmul"(%3, %0) <{transpose_a = false, transpose_b = false}> : (tensor<48x64xbf16, #ttnn_layout>, tensor<64x64xbf16, #ttnn_layout>) -> tensor<48x64xbf16, #ttnn_layout> loc(#loc1)
+    return %4 : tensor<48x64xbf16, #ttnn_layout> loc(#loc1)
+  } loc(#loc1)
+} loc(#loc1)
+"""
+NAMES_CONST_EVAL = [["blocks.0.attn1.to_q.weight"], ["blocks.1.ffn.net.2.weight"], []]
+
+
+def test_blocks_are_ordered_by_where_the_forward_reads_them_not_where_their_weights_are_computed():
+    """Both const-eval results are loaded before any block runs, block 1's first: each still counts in the
+    block whose weights it holds, and the blocks in the order the forward reads them."""
+    from wancompile.tt.parts import by_part
+
+    parts = {name: dict(ops) for name, ops in by_part(TTNN_CONST_EVAL, NAMES_CONST_EVAL)}
+    assert list(parts) == ["blocks.0", "blocks.1"]
+    assert parts["blocks.0"] == {"ttcore.load_cached": 1, "ttnn.linear": 1, "ttnn.all_reduce": 1}
+    assert parts["blocks.1"] == {"ttcore.load_cached": 1, "ttnn.matmul": 1}
+
+
+def test_a_collective_computed_once_is_not_one_of_the_calls_and_names_its_argument():
+    """The all-gather in block 0's const-eval function runs once, not every call: @main's collectives are the
+    all-reduce alone, and the argument it gathers (%arg0) is the one to hand over unmarked."""
+    from planner.mesh import MeshSpec
+    from wancompile.tt.parameters import hoisted_collectives
+    from wancompile.tt.ttnn import parse_collectives
+
+    found = parse_collectives(TTNN_CONST_EVAL, MeshSpec((2, 4), ("batch", "model")))
+    assert [(c.kind, c.axes) for c in found] == [("all-reduce", ("model",))]
+    assert hoisted_collectives(TTNN_CONST_EVAL) == {0}

@@ -7,7 +7,8 @@ which partitions it with Shardy and lowers it to TTNN (DESIGN.md §4). This pack
   portable artifact torch_xla makes of it plus the plan's shardings, and converts it to Shardy form
   (``<program>.tt.mlir``) in the worker process;
 - `worker`: the jax-side process (Shardy conversion, the module with its plan taken out, compile-only
-  tt-mlir compile);
+  tt-mlir compile); `parameters`: the arguments handed over as parameters (computed from once);
+  `constants`: constants read through their own replicated copy;
 - `env`: where the plugin lives, its cache folder, and the message when it is missing;
 - `ttnn`: reads the collectives and the DRAM per chip out of the final TTNN IR;
 - `parts`: reads it by the model's parts: TTNN ops per block, attention score matrices, what the pins cost;

@@ -70,6 +70,10 @@ class ProgramCheck:
     # the pinned program per part against the same module compiled without the plan (tt-check --unannotated)
     pin_costs: tuple[parts.PinCost, ...] = ()
     unannotated_error: str = ""  # why the unannotated module gave no comparison
+    # the parameters handed over marked ``parameter`` (computed from once: tt-mlir's const-eval), and those left
+    # unmarked because the plan gathers them per use (`wancompile.tt.worker` compile: first parameter of each)
+    parameter_arguments: int = 0
+    gathered_per_use: tuple[str, ...] = ()
 
     @property
     def pins_clean(self) -> bool:
@@ -128,6 +132,8 @@ class ProgramCheck:
                 for c in self.pin_costs
             ],
             "unannotated_error": self.unannotated_error,
+            "parameter_arguments": self.parameter_arguments,
+            "gathered_per_use": list(self.gathered_per_use),
             "pins_clean": self.pins_clean,
             "metrics": dict(self.metrics),
             "ttnn_ir": self.ttnn_ir,
@@ -253,6 +259,8 @@ def check_programs(
                 priced,
                 costs,
                 bare_error,
+                r.get("parameter_arguments", 0),
+                tuple(names[i][0] for i in r.get("unmarked_arguments", ())) if names else (),
             )
         )
     return out

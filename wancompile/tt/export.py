@@ -15,8 +15,9 @@ compiles them. For each program it writes, into its folder:
 - ``<name>.arguments.json``: per argument of the module, in its order, the names of the parameters it
   holds (a folded value: those it was computed from; an input: none), which is how a reader of the
   compiled program tells which block an op belongs to (`wancompile.tt.ttnn.by_block`);
-- ``<name>.tt.mlir``: the Shardy-form module (`wancompile.tt.worker` ``shardy``), when the worker's
-  interpreter has jaxlib (`wancompile.tt.env`); otherwise the first two, and a log line how to get it.
+- ``<name>.tt.mlir``: the Shardy-form module (`wancompile.tt.worker` ``shardy``), its arguments that hold
+  parameters marked ``parameter`` as tt-xla marks them (but those the plan gathers per use), when the
+  worker's interpreter has jaxlib (`wancompile.tt.env`); otherwise the first two, and a log line how to get it.
 
 Names: the model name (``wan-dit``, ``wan-vae``), ``.cfg2`` for a batch-2 CFG graph, ``.fold`` for the fold
 program; a second program of the same name in one folder gets ``-2``, ``-3``, ....
@@ -61,7 +62,8 @@ class ShardyExport:
         (self.directory / f"{stem}.gspmd.mlir").write_text(
             torch_xla._XLAC._get_stablehlo(outs, device, [device], False).decode()
         )
-        (self.directory / f"{stem}.arguments.json").write_text(json.dumps(argument_names(outs, arguments)))
+        named = self.directory / f"{stem}.arguments.json"
+        named.write_text(json.dumps(argument_names(outs, arguments)))
         shardings = self.directory / f"{stem}.shardings.json"
         table = shardings_table(self.plan, self.mesh, self.specs)
         # under SPMD torch_xla annotates every argument it holds data for; one without an annotation is a
@@ -71,7 +73,7 @@ class ShardyExport:
         self.names[program] = stem
         self.written[program] = artifact
         if self.convert:
-            out = convert(artifact, shardings, self.directory / f"{stem}.tt.mlir")
+            out = convert(artifact, shardings, self.directory / f"{stem}.tt.mlir", named)
             if out is not None:
                 self.written[program] = out
 
@@ -113,16 +115,19 @@ def shardings_table(plan: Plan, mesh: Any, extra: Iterable[tuple] = ()) -> dict:
     return {"shape": list(written.shape), "axis_names": list(written.axis_names), "shardings": table}
 
 
-def convert(artifact: Path, shardings: Path, dst: Path) -> Optional[Path]:
-    """The Shardy-form module of `artifact` at `dst` (the worker's ``shardy`` verb); None with a log line
-    when the worker's interpreter has no jaxlib."""
+def convert(artifact: Path, shardings: Path, dst: Path, arguments: Optional[Path] = None) -> Optional[Path]:
+    """The Shardy-form module of `artifact` at `dst` (the worker's ``shardy`` verb; with `arguments`, the
+    ``.arguments.json`` beside it, its parameter arguments marked as tt-xla marks them); None with a log
+    line when the worker's interpreter has no jaxlib."""
     from wancompile.tt import env
 
     why = env.available(need_plugin=False)
     if why is not None:
         log.warning("wan_autoshard: %s.tt.mlir not written: %s", artifact.stem, why)
         return None
-    res = env.run_worker(["shardy", str(artifact), str(shardings), str(dst)], timeout=600)
+    res = env.run_worker(
+        ["shardy", str(artifact), str(shardings), str(dst), *([str(arguments)] if arguments else [])], timeout=600
+    )
     if res.returncode != 0:
         raise RuntimeError(
             f"Shardy conversion of {artifact} failed: {(res.stderr or res.stdout).strip().splitlines()[-1:]}"

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 from wancompile.tt.check import ProgramCheck
+from wancompile.tt.parts import EPILOGUE, PROLOGUE
 
 
 def format_checks(checks: Iterable[ProgramCheck]) -> str:
@@ -32,6 +33,12 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
             lines.append(
                 f"  TTNN: {c.local_slices} local slices (mesh_partition); perf metrics: {m['total_flops']:.3g} FLOPs "
                 f"per chip, {m['total_ops']:.0f} ops ({m['spilled_percentage']:.0f}% spilled to DRAM)"
+            )
+        if c.parameter_arguments or c.gathered_per_use:
+            lines.append(
+                f"  {c.parameter_arguments} parameter arguments handed over as parameters (tt-mlir computes what"
+                " depends on them alone once)"
+                + (f"; {len(c.gathered_per_use)} the plan gathers per use left as inputs" if c.gathered_per_use else "")
             )
         lines.extend(_format_parts(c.parts))
         lines.extend(_format_scores(c))
@@ -100,15 +107,15 @@ def _ops(ops: Mapping[str, int], top: int = 8) -> str:
     return f"{sum(ops.values())} ops: {head}" + (", ..." if len(shown) > top else "")
 
 
-def _format_parts(parts) -> list[str]:
+def _format_parts(by_part) -> list[str]:
     """The per-part histogram: identical blocks once, with their count."""
     out, k = [], 0
-    while k < len(parts):
-        name, ops = parts[k]
+    while k < len(by_part):
+        name, ops = by_part[k]
         same = 1
-        while name not in (parts.PROLOGUE, parts.EPILOGUE) and k + same < len(parts) and parts[k + same][1] == ops:
+        while name not in (PROLOGUE, EPILOGUE) and k + same < len(by_part) and by_part[k + same][1] == ops:
             same += 1
-        label = name if same == 1 else f"{name}..{parts[k + same - 1][0]} (each)"
+        label = name if same == 1 else f"{name}..{by_part[k + same - 1][0]} (each)"
         out.append(f"  TTNN {label}: {_ops(ops)}")
         k += same
     return out

@@ -86,16 +86,27 @@ def labelled_ops(ttnn_text: str, argument_names: list[list[str]]) -> list[tuple[
     before it."""
     args, ops = _dataflow(ttnn_text, argument_names)
     parts_of = {a: {part_of(n) for n in names} for a, names in zip(args, argument_names)}
+    # where the forward first reads each part: its first op that meets a parameter of it (or a value computed
+    # from its parameters alone, e.g. a const-eval result, ``ttcore.load_cached``) with an activation or input
+    derived = {a: ps for a, ps in parts_of.items() if ps}  # value -> the parts its parameters come from
+    activations = {a for a, ps in parts_of.items() if not ps}  # inputs, and what is computed from them
     first: dict[str, int] = {}
-    for k, (_, _, operands) in enumerate(ops):
+    for k, (name, _, operands) in enumerate(ops):
+        if not any(v in activations for v in operands):
+            if name is not None:
+                derived[name] = set().union(*(derived.get(v, set()) for v in operands))
+            continue
+        if name is not None:
+            activations.add(name)
         for v in operands:
-            for p in parts_of.get(v, ()):
+            for p in derived.get(v, ()):
                 first.setdefault(p, k)
     blocks = sorted((p for p in first if _PART.match(p + ".")), key=first.get)
     last_block = max((first[p] for p in blocks), default=-1)
     rank = {
         p: (1 + blocks.index(p)) if p in blocks else (len(blocks) + 1 if first[p] > last_block else 0) for p in first
     }
+    rank.update({p: 0 for ps in parts_of.values() for p in ps if p not in rank})  # read by no forward op
     label = [PROLOGUE, *blocks, EPILOGUE]
     # value -> (rank, computed from parameters alone, the blocks it was computed from if so)
     state: dict[str, tuple[int, bool, frozenset]] = {}

@@ -53,9 +53,11 @@ def _coord(rest: str, key: str) -> tuple[int, ...]:
 
 
 def parse_collectives(ttnn_text: str, mesh: MeshSpec) -> list[Collective]:
-    """Every collective of a TTNN IR module, in program order."""
+    """Every collective of a TTNN IR module's ``@main``, in program order: what runs every call. One in a
+    const-eval function (computed once, ``ttcore.load_cached``) is not among them, so a per-call collective
+    of the plan that tt-mlir hoisted there reads as missing."""
     out: list[Collective] = []
-    for line in ttnn_text.splitlines():
+    for line in main_body(ttnn_text):
         m = _OP.match(line)
         if not m or m.group("op") not in _KIND:
             continue

@@ -5,7 +5,7 @@ plugin bundles its own MLIR and XLA, and keeping it out of the process that hold
 two copies of those in one address space (and lets the plugin live in another environment when its
 jax clashes with the user's; `wancompile.tt.env`).
 
-``shardy IN.mlirbc SHARDINGS.json OUT.tt.mlir``
+``shardy IN.mlirbc SHARDINGS.json OUT.tt.mlir [ARGUMENTS.json]``
     torch_xla's program as a StableHLO portable artifact (VHLO bytecode: readable by any later MLIR,
     so boolean constants and every other attribute arrive exactly; torch_xla's *text* bit-packs i1
     data, which jaxlib's and tt-mlir's MLIR refuse) → the Shardy form tt-mlir partitions: an
@@ -14,6 +14,9 @@ jax clashes with the user's; `wancompile.tt.env`).
     wrote is looked up in SHARDINGS.json — the plan's specs, keyed by the annotation torch_xla makes of
     each (`wancompile.tt.export`) — so every Shardy sharding is a plan's spec; an annotation the plan
     did not make is an error, never a guess. Dimension shardings are closed: Shardy may not add axes.
+    With ARGUMENTS.json (per argument, the parameters it holds), the arguments that hold parameters
+    are marked as tt-xla marks them (`wancompile.tt.parameters`), so tt-mlir computes what depends on
+    them alone once (const-eval) instead of every call.
 
 ``unannotated MODULE.tt.mlir OUT.tt.mlir``
     the same module with the plan taken out: every ``sdy.sharding_constraint`` removed (its value read
@@ -26,7 +29,10 @@ jax clashes with the user's; `wancompile.tt.env`).
     TTIR → TTNN → flatbuffer for the descriptor's chips, every IR stage under ``EXPORT_DIR/irs``, TTNN's
     perf metrics beside it. Prints one JSON object: ``ok``, ``error`` (the compiler's first error line),
     ``seconds``, ``ttnn`` (path of the final TTNN IR), ``metrics`` (path of the metrics JSON),
-    ``peak_rss_bytes`` (the compiler process's peak resident memory).
+    ``peak_rss_bytes`` (the compiler process's peak resident memory), ``parameter_arguments``: how many
+    arguments it compiled marked ``parameter``, ``unmarked_arguments``: the
+    arguments marked ``parameter`` whose const-eval function held a collective (a weight the plan gathers
+    per use), compiled again without the mark (written as compiled to ``EXPORT_DIR/compiled.tt.mlir``).
 """
 
 from __future__ import annotations
@@ -34,11 +40,15 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import sys
 import time
 
+from wancompile.tt import constants, parameters
+from wancompile.tt.constants import walk
 
-def shardy(src: str, shardings_path: str, dst: str) -> dict:
+
+def shardy(src: str, shardings_path: str, dst: str, arguments_path: str = "") -> dict:
     from jaxlib.mlir import ir
     from jaxlib.mlir.dialects import sdy, stablehlo
 
@@ -113,7 +123,7 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
                     o.results[0].replace_all_uses_with(c.result)
                     o.erase()
                     counts["constraints"] += 1
-        for o in _walk(module.operation):  # a sharding torch_xla set on the op itself (a marked value it made)
+        for o in walk(module.operation):  # a sharding torch_xla set on the op itself (a marked value it made)
             if "mhlo.sharding" in o.attributes and len(o.results) == 1:
                 text = ir.StringAttr(o.attributes["mhlo.sharding"]).value
                 per_value = sdy.TensorShardingPerValueAttr.get(
@@ -122,8 +132,10 @@ def shardy(src: str, shardings_path: str, dst: str) -> dict:
                 del o.attributes["mhlo.sharding"]
                 o.attributes["sdy.sharding"] = per_value
                 counts["constraints"] += 1
-        counts["constant_uses_pinned"] = _pin_constants(module.operation)
-        left = [o for o in _walk(module.operation) if "mhlo.sharding" in o.attributes]
+        if arguments_path:
+            counts.update(parameters.mark(module, json.load(open(arguments_path))))
+        counts["constant_uses_pinned"] = constants.pin(module.operation)
+        left = [o for o in walk(module.operation) if "mhlo.sharding" in o.attributes]
         if left:
             raise SystemExit(f"{len(left)} op(s) keep a GSPMD annotation after the conversion, e.g. {left[0].name}")
         if not module.operation.verify():
@@ -158,7 +170,7 @@ def unannotated(src: str, dst: str) -> dict:
                 out.append(ir.DictAttr.get(entries))
             return ir.ArrayAttr.get(out)
 
-        for o in list(_walk(module.operation)):
+        for o in list(walk(module.operation)):
             if o.name == "sdy.sharding_constraint":
                 o.results[0].replace_all_uses_with(o.operands[0])
                 o.erase()
@@ -176,77 +188,6 @@ def unannotated(src: str, dst: str) -> dict:
         with open(dst, "w") as f:
             f.write(module.operation.get_asm(large_elements_limit=None, enable_debug_info=False))
     return counts
-
-
-def _splat_like(o) -> bool:
-    """A value with no data of its own: a constant, an iota, or a scalar broadcast to a shape. Identical
-    ones are merged by tt-mlir's canonicalisation however far apart their readers are."""
-    from jaxlib.mlir import ir
-
-    if o.name in ("stablehlo.constant", "stablehlo.iota"):
-        return True
-    return o.name == "stablehlo.broadcast_in_dim" and ir.RankedTensorType(o.operands[0].type).rank == 0
-
-
-def _pin_constants(root) -> int:
-    """Every reader of a constant (or another splat-like value, `_splat_like`) reads it through its
-    own replicated, closed constraint. torch_xla
-    shares one splat constant between unrelated ops (the ``2.0`` of every ``x.pow(2)``) and tt-mlir's
-    canonicalisation merges copies again; Shardy gives a value one sharding, so a split one reader
-    wants (q's hidden over ``model`` in ``norm_q``) reached every other reader through the constant — a
-    LayerNorm on a token-split hidden state was computed split over ``model`` too, with an all-to-all and
-    an all-gather no plan has; in the VAE a broadcast scalar (``F.normalize``'s clamp bound) shared by
-    every resblock carried a channel split into the replicated ones. Replicated at each use, such a value
-    is sliced locally where its reader is split (``ttnn.mesh_partition``). A composite's decomposition is
-    left alone: tt-mlir flattens composites for Shardy and outlines them again afterwards, and a constraint
-    inside the group keeps it from being outlined (measured: a pinned ``tenstorrent.gelu_tanh`` or
-    ``tenstorrent.layer_norm`` was lowered as its decomposition, unpinned each is one TTNN kernel). Returns
-    how many uses were pinned."""
-    from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import sdy
-
-    pinned = 0
-    for o in list(_walk_outside_composites(root)):
-        if not _splat_like(o):
-            continue
-        rank = ir.RankedTensorType(o.results[0].type).rank
-        if rank == 0:
-            continue
-        replicated = sdy.TensorShardingAttr.get("mesh", [sdy.DimensionShardingAttr.get([], True)] * rank)
-        for use in list(o.results[0].uses):
-            owner, index = use.owner, use.operand_number
-            if owner.name == "sdy.sharding_constraint":
-                continue
-            with ir.InsertionPoint(owner):
-                c = sdy.ShardingConstraintOp(o.results[0], replicated)
-            owner.operands[index] = c.result
-            pinned += 1
-    return pinned
-
-
-def _walk_outside_composites(module):
-    """Every op of `module` but those of the functions its ``stablehlo.composite`` ops decompose into."""
-    from jaxlib.mlir import ir
-
-    decompositions = {
-        ir.FlatSymbolRefAttr(o.attributes["decomposition"]).value
-        for o in _walk(module)
-        if o.name == "stablehlo.composite"
-    }
-    for fn in module.regions[0].blocks[0].operations:
-        fn = fn.operation
-        if fn.name == "func.func" and ir.StringAttr(fn.attributes["sym_name"]).value in decompositions:
-            continue
-        yield fn
-        yield from _walk(fn)
-
-
-def _walk(op):
-    for region in op.regions:
-        for block in region.blocks:
-            for o in block.operations:
-                yield o.operation
-                yield from _walk(o.operation)
 
 
 def _prod(xs) -> int:
@@ -307,11 +248,29 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
         )
         options.executable_build_options.use_shardy_partitioner = True
         t = time.time()
-        try:
-            compiler.backend_compile_and_load(backend, module, xc.DeviceList(tuple(devs)), options, [])
-        except Exception as e:  # the plugin's error: its first line names the failing pass or op
-            return _result(False, _first_line(str(e)), time.time() - t, export)
-        return _result(True, "", time.time() - t, export)
+        unmarked: set = set()
+        while True:
+            _clear(export)  # `_result` reads the newest IRs there: none of an earlier compile
+            try:
+                compiler.backend_compile_and_load(backend, module, xc.DeviceList(tuple(devs)), options, [])
+            except Exception as e:  # the plugin's error: its first line names the failing pass or op
+                return _result(False, _first_line(str(e)), time.time() - t, export)
+            result = _result(True, "", time.time() - t, export)
+            # a weight the plan gathers per use (FSDP), marked a parameter, is gathered once in a const-eval
+            # function and kept whole: unmarked, its gather runs every call as the plan has it
+            hoisted = parameters.hoisted_collectives(open(result["ttnn"]).read()) - unmarked
+            if not hoisted or not parameters.unmark(module, hoisted):
+                break
+            unmarked |= hoisted
+            with open(os.path.join(export, "compiled.tt.mlir"), "w") as f:  # the module as compiled
+                f.write(module.operation.get_asm(large_elements_limit=None, enable_debug_info=False))
+        return {**result, "parameter_arguments": len(parameters.marks(module)), "unmarked_arguments": sorted(unmarked)}
+
+
+def _clear(export: str) -> None:
+    shutil.rmtree(os.path.join(export, "irs"), ignore_errors=True)
+    for path in glob.glob(os.path.join(export, "perf_metrics*.json")) + glob.glob(os.path.join(export, "*.ttnn")):
+        os.remove(path)
 
 
 def spatial_convs(module) -> list[str]:
@@ -322,7 +281,7 @@ def spatial_convs(module) -> list[str]:
     from jaxlib.mlir import ir
 
     found = []
-    for o in _walk(module.operation):
+    for o in walk(module.operation):
         if o.name != "stablehlo.convolution":
             continue
         numbers = str(o.attributes["dimension_numbers"])  # #stablehlo.conv<[b, f, 0, 1, 2]x[o, i, 0, 1, 2]->...>
