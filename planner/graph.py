@@ -157,6 +157,14 @@ class Node:
     def is_param(self) -> bool:
         return self.param is not None
 
+    def arg(self, i: int, key: str, default: Any = None) -> Any:
+        """The op's argument named `key`, else its `i`-th positional argument, else `default`."""
+        kwargs = self.attrs.get("kwargs", {})
+        if key in kwargs:
+            return kwargs[key]
+        args = self.attrs.get("args", [])
+        return args[i] if i < len(args) else default
+
 
 @dataclass
 class Graph:

@@ -409,7 +409,7 @@ def test_a_compiler_process_that_dies_is_reported_by_its_signal_and_its_failure_
     names the failure, not its last "info" line."""
     from types import SimpleNamespace
 
-    from wancompile.tt.check import _process_failure
+    from wancompile.tt.env import worker_failure as _process_failure
 
     log = (
         "| info | Loading system descriptor\nTT_FATAL: dispatch_core_manager (assert.hpp:104)\n| info | Closing devices"

@@ -55,6 +55,14 @@ def test_bf16_auto_plan_runs_fused_attention_norms_and_gelu_through_tt_mlir_as_p
     for block in ("blocks.0", "blocks.1"):
         assert parts[block]["ttnn.scaled_dot_product_attention"] == 2 and "ttnn.softmax" not in parts[block]
     assert main["score_matrices"] == []
+    # the planner counts each block's kernels per call as TTNN runs them: the fused ones and the collectives
+    # exactly, all of them within 10% (planner.ttnn_kernels)
+    kernels = main["kernels_by_block"]
+    assert [k["part"] for k in kernels] == ["blocks.0", "blocks.1"], kernels
+    for k in kernels:
+        for kind in ("fused", "matmul", "collective"):
+            assert k["predicted"][kind] == k["compiled"][kind], (kind, k)
+    assert main["kernel_error"] <= 0.10, kernels
     # and the same histogram in the dump's plan.json, per system and part
     saved = json.loads((Path(report["out"]) / "plan.json").read_text())["compiled_kernels"]
     assert [(k["system"], k["part"], k["ops"]) for k in saved] == [("bh-2x4", p, ops) for p, ops in parts.items()]
@@ -94,6 +102,8 @@ def test_i2v_ti2v_and_the_hand_plan_run_their_attention_fused_in_every_block(mod
     blocks = [p["ops"] for p in main["ttnn_ops_by_part"] if p["part"].startswith("blocks.")]
     assert len(blocks) == 2 and all(b["ttnn.scaled_dot_product_attention"] == 2 for b in blocks), blocks
     assert all("ttnn.softmax" not in b and b["ttnn.layer_norm"] == 3 for b in blocks), blocks
+    assert [k["part"] for k in main["kernels_by_block"]] == ["blocks.0", "blocks.1"]
+    assert main["kernel_error"] <= 0.10, main["kernels_by_block"]  # the planner's count of each block's kernels
     assert 1 - report["pcc"] <= 2 * (1 - report["eager_pcc"]) and report["max_abs"] <= 2 * report["eager_max_abs"], (
         report
     )

@@ -80,11 +80,7 @@ class OpView:
         return dict(self.node.attrs.get("kwargs", {}))
 
     def arg(self, i: int, key: str, default: Any = None) -> Any:
-        kw = self.kwargs
-        if key in kw:
-            return kw[key]
-        args = self.args
-        return args[i] if i < len(args) else default
+        return self.node.arg(i, key, default)
 
     def input_index(self, ref: Any) -> Optional[int]:
         """Index in `ins` of a tensor argument given as ``{"node": name}`` (first occurrence)."""

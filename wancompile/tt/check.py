@@ -31,6 +31,8 @@ from typing import Callable, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.mesh import MeshSpec
+from planner.plan import MAIN_STACK
+from planner.ttnn_kernels import Kernels, plan_kernels
 from wancompile.composites import Site
 from wancompile.tt import env, parts, ttnn
 from wancompile.tt.mesh import chip_mesh, system_for  # noqa: F401  (system_for: re-exported)
@@ -74,6 +76,23 @@ class ProgramCheck:
     # unmarked because the plan gathers them per use (`wancompile.tt.worker` compile: first parameter of each)
     parameter_arguments: int = 0
     gathered_per_use: tuple[str, ...] = ()
+    # block index -> the TTNN kernels the plan predicts that block runs per call (`planner.ttnn_kernels`)
+    predicted_kernels: Mapping[int, Kernels] = field(default_factory=dict)
+
+    @property
+    def kernels(self) -> tuple[tuple[str, Kernels, Optional[Kernels]], ...]:
+        """Per block: (its part, the kernels it runs as compiled, as predicted (None: no prediction))."""
+        return tuple(
+            (name, Kernels.of_ttnn(ops), self.predicted_kernels.get(int(name.rsplit(".", 1)[1])))
+            for name, ops in self.blocks
+            if name.rsplit(".", 1)[0] == MAIN_STACK
+        )
+
+    @property
+    def kernel_error(self) -> Optional[float]:
+        """The largest |predicted / compiled - 1| of a block's kernels per call (None: nothing to compare)."""
+        errs = [abs(p.total / c.total - 1) for _, c, p in self.kernels if p is not None and c.total]
+        return max(errs) if errs else None
 
     @property
     def pins_clean(self) -> bool:
@@ -132,6 +151,11 @@ class ProgramCheck:
                 for c in self.pin_costs
             ],
             "unannotated_error": self.unannotated_error,
+            "kernels_by_block": [
+                {"part": name, "compiled": c.to_json(), "predicted": None if p is None else p.to_json()}
+                for name, c, p in self.kernels
+            ],
+            "kernel_error": self.kernel_error,
             "parameter_arguments": self.parameter_arguments,
             "gathered_per_use": list(self.gathered_per_use),
             "pins_clean": self.pins_clean,
@@ -205,6 +229,7 @@ def check_programs(
     attentions: Optional[Mapping[str, Iterable[Site]]] = None,
     scores_priced: Iterable[str] = (),
     unannotated: Iterable[str] = (),
+    kernels: Optional[Mapping[str, Mapping[int, Kernels]]] = None,
 ) -> list[ProgramCheck]:
     """Compile each program (name -> its ``.tt.mlir``) for `system`; compare with `predicted` (name ->
     the target's predicted collectives, absent = none), all on `mesh`: the chips' mesh (the plan's
@@ -215,7 +240,8 @@ def check_programs(
     score matrices: the VAE's, `wancompile.vae.budget`). Where the export named the module's arguments (``.arguments.json``
     beside it), the TTNN ops are counted by part of the model (`parts.by_part`); for those of `unannotated`,
     the same module with the plan taken out is compiled too and each part's fused kernels and moves held
-    against it (`parts.pin_costs`)."""
+    against it (`parts.pin_costs`); `kernels`: name -> block index -> the kernels predicted per call, held
+    against each compiled block's (`ProgramCheck.kernels`)."""
     env.require()
     desc = env.system_path(system)
     out: list[ProgramCheck] = []
@@ -246,7 +272,7 @@ def check_programs(
                 r["seconds"],
                 tuple(compare_collectives(predicted.get(name, ()), observed)),
                 ttnn.local_slices(text),
-                _metrics(r["metrics"]),
+                ttnn.perf_metrics(r["metrics"]),
                 r["ttnn"],
                 ttnn.memory(text),
                 (planned_bytes or {}).get(name),
@@ -261,6 +287,7 @@ def check_programs(
                 bare_error,
                 r.get("parameter_arguments", 0),
                 tuple(names[i][0] for i in r.get("unmarked_arguments", ())) if names else (),
+                dict((kernels or {}).get(name, {})),
             )
         )
     return out
@@ -271,7 +298,7 @@ def _compile(module: Path, desc: Path, export: Path, options: Mapping[str, str])
     res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(dict(options))])
     line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
     if line is None:
-        return None, _process_failure(res)
+        return None, env.worker_failure(res)
     r = json.loads(line[len("TT-CHECK ") :])
     return r, r["error"] if not r["ok"] else ""
 
@@ -282,7 +309,7 @@ def _pin_costs(module: Path, pinned: str, names: list, desc: Path, export: Path,
     bare = Path(module).with_name(Path(module).name.replace(".tt.mlir", ".unannotated.tt.mlir"))
     res = env.run_worker(["unannotated", str(module), str(bare)])
     if res.returncode != 0:
-        return (), f"the unannotated module could not be written: {_process_failure(res)}"
+        return (), f"the unannotated module could not be written: {env.worker_failure(res)}"
     r, failure = _compile(bare, desc, export, options)
     if failure:
         return (), f"tt-mlir refused the unannotated module: {failure}"
@@ -311,39 +338,6 @@ def _scores(ttnn_text: str, sites: Iterable[Site], mesh: MeshSpec, names: Option
     return tuple(found), tuple(x for x in found if (x.lq, x.lk) in fused)
 
 
-# the lines of a compiler's log that say what went wrong (its log is mostly "info" lines)
-_FAILURE = re.compile(r"error|fatal|critical|TT_THROW|Segmentation|Aborted", re.IGNORECASE)
-
-
-def _process_failure(res) -> str:
-    """What a compiler process that printed no result died of: its exit (a signal by name) and the last
-    line of its log that names a failure (else its last line)."""
-    import signal
-
-    rc = res.returncode
-    how = f"exit {rc}"
-    if rc < 0:
-        try:
-            how = f"killed by {signal.Signals(-rc).name}"
-        except ValueError:
-            pass
-    lines = (res.stderr or res.stdout or "").strip().splitlines()
-    said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1] if lines else "no output")
-    return f"the compiler process failed ({how}): {said.strip()}"
-
-
-def _metrics(path: Optional[str]) -> dict[str, float]:
-    if not path:
-        return {}
-    data = json.loads(Path(path).read_text())
-    summary = data.get("summary", {})
-    return {
-        "total_flops": float(data.get("flops", {}).get("total_flops", 0)),
-        "total_ops": float(summary.get("total_ops", 0)),
-        "spilled_percentage": float(summary.get("spilled_percentage", 0)),
-    }
-
-
 def check_compiled(
     programs: Iterable,
     systems: Iterable[str],
@@ -359,6 +353,7 @@ def check_compiled(
     predicted: dict[str, list[Collective]] = {}
     planned: dict[str, int] = {}
     attentions: dict[str, tuple[Site, ...]] = {}
+    kernels: dict[str, dict[int, Kernels]] = {}
     priced: set[str] = set()
     programs = list(programs)
     if not programs:
@@ -373,6 +368,8 @@ def check_compiled(
         attentions[sink.names["main"]] = tuple(program.fused_sites)
         if program.kind == "wan-vae":  # its budget holds the mid-block attention's scores (wancompile.vae.budget)
             priced.add(sink.names["main"])
+        elif plan.target == "tt-mlir" and plan.layers:
+            kernels[sink.names["main"]] = plan_kernels(program.graph, plan)
         predicted[sink.names["main"]] = on_device(
             plan.predicted_by_partitioner()[plan.target], plan.mesh, plan.user_mesh
         )
@@ -385,5 +382,5 @@ def check_compiled(
     return [
         c
         for s in systems
-        for c in check_programs(modules, predicted, s, device, out_dir, planned, attentions, priced, bare)
+        for c in check_programs(modules, predicted, s, device, out_dir, planned, attentions, priced, bare, kernels)
     ]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -114,3 +115,24 @@ def _run(cache: Path, args: Sequence[str], timeout: float, extra_env: Optional[M
     return subprocess.run(
         [python(), str(WORKER), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=str(cache)
     )
+
+
+# the lines of a compiler's log that say what went wrong (its log is mostly "info" lines)
+_FAILURE = re.compile(r"error|fatal|critical|TT_THROW|Segmentation|Aborted", re.IGNORECASE)
+
+
+def worker_failure(res) -> str:
+    """What a compiler process that printed no result died of: its exit (a signal by name) and the last
+    line of its log that names a failure (else its last line)."""
+    import signal
+
+    rc = res.returncode
+    how = f"exit {rc}"
+    if rc < 0:
+        try:
+            how = f"killed by {signal.Signals(-rc).name}"
+        except ValueError:
+            pass
+    lines = (res.stderr or res.stdout or "").strip().splitlines()
+    said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1] if lines else "no output")
+    return f"the compiler process failed ({how}): {said.strip()}"

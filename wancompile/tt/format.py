@@ -41,6 +41,7 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
                 + (f"; {len(c.gathered_per_use)} the plan gathers per use left as inputs" if c.gathered_per_use else "")
             )
         lines.extend(_format_parts(c.parts))
+        lines.extend(_format_kernels(c))
         lines.extend(_format_scores(c))
         lines.extend(_format_pin_costs(c))
         if c.memory is not None:
@@ -118,4 +119,22 @@ def _format_parts(by_part) -> list[str]:
         label = name if same == 1 else f"{name}..{by_part[k + same - 1][0]} (each)"
         out.append(f"  TTNN {label}: {_ops(ops)}")
         k += same
+    return out
+
+
+def _kernels(k) -> str:
+    return f"{k.total} ({', '.join(f'{n} {v}' for n, v in k.to_json().items() if n != 'total' and v)})"
+
+
+def _format_kernels(c: ProgramCheck) -> list[str]:
+    """Per block, the kernels it runs per call as compiled and as the planner counts them; identical blocks once."""
+    out, last = [], None
+    for name, compiled, predicted in c.kernels:
+        if (compiled, predicted) == last:
+            continue
+        last = (compiled, predicted)
+        vs = "" if predicted is None else f"; predicted {_kernels(predicted)}"
+        out.append(f"  kernels per call, {name}: TTNN {_kernels(compiled)}{vs}")
+    if c.kernel_error is not None:
+        out.append(f"  kernels per block: predicted within {100 * c.kernel_error:.1f}% of TTNN")
     return out

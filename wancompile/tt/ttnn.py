@@ -18,11 +18,13 @@ turned f32 into bf16 and folded dims into 4-D tiles): the result for all-gather,
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from planner.collective import Collective
 from planner.mesh import MeshSpec
@@ -229,3 +231,16 @@ def memory(ttnn_text: str, top: int = 5) -> Memory:
             peak = (space_total["dram"], logical_dram, (op.group(1) or op.group(2)) if op else "?", dict(live))
     largest = sorted(((k, v[0], v[1], v[3]) for k, v in peak[3].items() if v[2] == "dram"), key=lambda x: -x[1])[:top]
     return Memory(peak[0], peak[1], arguments, constants, peak[2], tuple(largest), l1_peak)
+
+
+def perf_metrics(path: Optional[str]) -> dict[str, float]:
+    """TTNN's perf metrics file (``ttnn_perf_metrics_enabled``): FLOPs per chip, ops, the share spilled to DRAM."""
+    if not path:
+        return {}
+    data = json.loads(Path(path).read_text())
+    summary = data.get("summary", {})
+    return {
+        "total_flops": float(data.get("flops", {}).get("total_flops", 0)),
+        "total_ops": float(summary.get("total_ops", 0)),
+        "spilled_percentage": float(summary.get("spilled_percentage", 0)),
+    }

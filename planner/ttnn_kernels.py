@@ -1,0 +1,520 @@
+"""The TTNN kernels a DiT block runs per call under tt-mlir: the planner graph's ops counted as tt-mlir lowers them.
+
+`block_kernels` counts, for the representative block of a plan, the kernels its compiled TTNN program launches
+each call (`Kernels`, by class); `Kernels.of_ttnn` classes a compiled block's TTNN op histogram the same way
+(`wancompile.tt.parts.by_part`), so the two are compared class by class. Measured on tt-mlir 0.1.3
+(jax-tt-plugin), ``optimization_level`` 1, parameters handed over as parameters, bf16 (docs/tenstorrent.md,
+"Kernels per block"):
+
+=====================================  ========================================================================
+planner op                             TTNN kernels per call
+=====================================  ========================================================================
+computed from parameters alone         none: tt-mlir computes it once (const-eval), the call loads the result
+attention, gelu                        one fused kernel; a head dim under a tile (32) pads q, k, v and
+                                       slices the output (``pad`` x3, ``slice_static``), a whole tile's
+                                       output heads are joined (``concatenate_heads``)
+layer_norm, normalized dim whole       one fused ``layer_norm``
+layer_norm, normalized dim split       decomposed around the all-reduces of its two sums: eight elementwise
+                                       kernels (and the affine weight's and bias's), the statistics
+                                       reshaped back (``reshape`` x2)
+rms_norm, normalized dim whole         one fused ``rms_norm``
+rms_norm, normalized dim split         decomposed around the all-reduce of its sums: ``typecast`` to f32,
+                                       ``pow``, ``sum``, mean, ``+ eps`` (rsqrt folded), two ``multiply``; a
+                                       ``reshape`` of the sums back
+linear                                 one ``linear`` (``matmul`` when its output is reduced, the bias then
+                                       one ``add`` after the reduction); its input and output are 2-D
+elementwise                            one kernel each (no fusion of elementwise chains at level 1)
+cast to another dtype                  one ``typecast``, free where an elementwise op makes the value (it
+                                       writes the new dtype itself)
+dropout, clone, same-dtype casts       none
+tuple pick (chunk, unbind)             one ``slice_static``
+a chain of views                       one ``reshape`` where the shape a consumer reads differs from the
+                                       shape its producer wrote (a linear reads and writes 2-D); a permute
+                                       into or out of an attention is absorbed, any other a ``permute``
+cat, stack                             one ``concat``; on the last dim (RoPE's interleave) each operand and
+                                       the result also change layout (``to_layout``)
+a collective (the plan's, lowered)     its TTNN ops (`planner.targets.Target.lower`); a reduction of a tensor
+                                       of rank other than 4 is reshaped to 4-D and back (``reshape`` x2); a
+                                       weight gathered per use is first tiled (``to_layout``); an all-to-all's
+                                       ``point_to_point`` transfers slice and ``assign`` each chunk
+a local slice of a value made per call one ``mesh_partition`` per mesh axis added, and ``to_layout`` to
+                                       row-major and back (TI2V's per-token modulation under SP)
+=====================================  ========================================================================
+
+Blocks that share their decisions are counted once (`plan_kernels`); the text's K/V projections run beside the
+prologue (`per_call`). What it does not model: which typecasts and reshapes tt-mlir folds into a neighbour (the
+residue: two typecasts and up to seven moves a block on the tiny DiTs).
+
+Why one module of ~500 lines: the table above is the whole model, read against one compiled histogram; the rules,
+the choice of what runs in the block (`per_call`: a rule's count depends on it, as a split RMSNorm's does) and the
+moves around the plan's collectives share one context (`_Ctx`) and change together when tt-mlir does.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Iterable, Mapping, Optional
+
+from planner.collective import Collective
+from planner.graph import TUPLE_OPS, Graph, Node
+from planner.mesh import MeshSpec
+from planner.placements import Layout
+from planner.plan import Plan
+
+TILE = 32  # TTNN's tile edge: the last two dims of a tiled tensor are padded to it
+
+# the compiled side: TTNN op -> class (any other TTNN op is elementwise)
+_TTNN_CLASS = {
+    "scaled_dot_product_attention": "fused",
+    "layer_norm": "fused",
+    "rms_norm": "fused",
+    "gelu": "fused",
+    "softmax": "fused",
+    "linear": "matmul",
+    "matmul": "matmul",
+    "typecast": "typecast",
+    "reshape": "move",
+    "permute": "move",
+    "transpose": "move",
+    "to_layout": "move",
+    "slice_static": "move",
+    "concat": "move",
+    "pad": "move",
+    "repeat": "move",
+    "mesh_partition": "move",
+    "concatenate_heads": "move",
+    "all_gather": "collective",
+    "all_reduce": "collective",
+    "reduce_scatter": "collective",
+    "point_to_point": "collective",
+    "all_to_all": "collective",
+    "assign": "move",
+}
+_NOT_KERNELS = ("ttnn.deallocate", "ttcore.load_cached")  # freeing a buffer, loading a const-eval result
+
+
+@dataclass(frozen=True)
+class Kernels:
+    """Kernels per call, by class."""
+
+    fused: int = 0  # attention, norms, GELU as one kernel each
+    matmul: int = 0
+    eltwise: int = 0
+    typecast: int = 0
+    move: int = 0  # reshape, permute, to_layout, slice, concat, pad, repeat, mesh_partition
+    collective: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def __add__(self, other: "Kernels") -> "Kernels":
+        return Kernels(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+
+    def to_json(self) -> dict:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
+
+    @classmethod
+    def of_ttnn(cls, ops: Mapping[str, int]) -> "Kernels":
+        """A compiled part's TTNN op histogram (``ttnn.<op>`` -> count) by class; deallocations and
+        const-eval loads are no kernels."""
+        c: Counter = Counter()
+        for op, n in ops.items():
+            if op in _NOT_KERNELS:
+                continue
+            c[_TTNN_CLASS.get(op.split(".", 1)[-1], "eltwise")] += n
+        return cls(**c)
+
+
+def _k(**counts: int) -> Kernels:
+    return Kernels(**counts)
+
+
+# --- per-op rules -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    graph: Graph
+    layouts: Mapping[str, tuple[Layout, ...]]
+    mesh: MeshSpec
+    reduced: frozenset[str]  # nodes whose output the plan all-reduces (or reduce-scatters)
+    fed: frozenset[str]  # nodes the residual stream feeds (`per_call`)
+    calls: frozenset[str] = frozenset()  # the nodes that run in the block each call (`per_call`)
+
+    def split_last(self, name: str) -> bool:
+        lays = self.layouts.get(name)
+        if not lays:
+            return False
+        last = lays[0].dims[-1] if lays[0].dims else ()
+        return any(self.mesh.axis_size(a) > 1 for a in last)
+
+
+_Rule = Callable[[Node, _Ctx], Kernels]
+_RULES: dict[str, _Rule] = {}
+
+# ops that only re-view their input: counted by the reshapes a chain of them needs (`_reshapes`)
+VIEWS = frozenset(
+    {"view", "reshape", "flatten", "unflatten", "squeeze", "unsqueeze", "contiguous", "expand", "permute", "transpose"}
+)
+_FREE = frozenset({"dropout", "clone", "detach", "contiguous", "alias"})
+CASTS = frozenset({"float", "to", "type_as", "bfloat16", "half", "type", "_to_copy"})
+_FUSED = frozenset({"scaled_dot_product_attention", "gelu"})
+ELTWISE = frozenset(
+    {"add", "sub", "mul", "truediv", "div", "neg", "pow", "exp", "rsqrt", "sqrt", "sin", "cos", "silu", "sigmoid"}
+    | {"tanh", "where", "maximum", "minimum", "abs", "erf", "log", "gt", "lt", "ge", "le", "eq", "ne", "mean", "sum"}
+)
+
+
+def rule(*ops: str) -> Callable[[_Rule], _Rule]:
+    def add(fn: _Rule) -> _Rule:
+        for op in ops:
+            _RULES[op] = fn
+        return fn
+
+    return add
+
+
+@rule(*_FUSED)
+def _fused(node: Node, ctx: _Ctx) -> Kernels:
+    if node.op != "scaled_dot_product_attention":
+        return _k(fused=1)
+    head_dim = node.out.shape[-1]
+    if isinstance(head_dim, int) and head_dim % TILE == 0:
+        return _k(fused=1, move=1)  # its heads joined by ``concatenate_heads``
+    # q, k, v padded to a tile (those made beside the prologue, there), the output sliced back
+    return _k(fused=1, move=1 + sum(1 for i in node.inputs[:3] if i in ctx.calls))
+
+
+@rule("rms_norm")
+def _rms_norm(node: Node, ctx: _Ctx) -> Kernels:
+    if not ctx.split_last(node.inputs[0]):
+        return _k(fused=1)
+    if node.name not in ctx.fed:
+        return _k(eltwise=1)  # its statistics run beside the prologue, the weight's multiply in the block
+    return _k(typecast=1, eltwise=6, move=1)
+
+
+@rule("layer_norm")
+def _layer_norm(node: Node, ctx: _Ctx) -> Kernels:
+    if not ctx.split_last(node.inputs[0]):
+        return _k(fused=1)
+    # decomposed around the all-reduces of its two sums: sum, mean, subtract, pow, sum, mean, + eps, multiply
+    # (rsqrt folded), each statistic reshaped back; the affine weight's multiply and the bias add
+    affine = sum(1 for i in node.inputs[1:] if ctx.graph[i].outputs)
+    return _k(eltwise=8 + affine, move=2)
+
+
+@rule("linear", "matmul", "bmm", "mm")
+def _linear(node: Node, ctx: _Ctx) -> Kernels:
+    bias = len(node.inputs) > 2 and node.name in ctx.reduced
+    joined = node.inputs[0] not in ctx.fed  # a text projection, joined across the blocks (`per_call`)
+    return _k(matmul=0 if joined else 1, eltwise=1 if bias else 0)
+
+
+@rule(*ELTWISE)
+def _eltwise(node: Node, ctx: _Ctx) -> Kernels:
+    return _k(eltwise=1)
+
+
+def _promotions(graph: Graph, nodes: Iterable[Node], const: set[str]) -> int:
+    """The ``typecast`` kernels of type promotion: an elementwise op reading a value of another dtype than
+    it computes in (bf16 activations times an fp32 modulation) converts it first, once per value."""
+    seen: set[tuple[str, str]] = set()
+    for node in nodes:
+        if node.op not in ELTWISE or not node.outputs:
+            continue
+        for name in node.inputs:
+            src = graph[name]
+            if name in const or not src.outputs or src.out.dtype == node.out.dtype:
+                continue
+            seen.add((name, node.out.dtype))
+    return len(seen)
+
+
+@rule(*CASTS)
+def _cast(node: Node, ctx: _Ctx) -> Kernels:
+    src = ctx.graph[node.inputs[0]]
+    if not src.outputs or src.outputs[0].dtype == node.out.dtype:
+        return _k()
+    # an elementwise op whose only reader is the cast writes the new dtype itself
+    maker = _through(ctx.graph, src, _FREE)
+    alone = len(ctx.graph.users(maker.name)) == 1 and maker is src
+    return _k() if maker.op in ELTWISE and alone else _k(typecast=1)
+
+
+@rule(*_FREE)
+def _free(node: Node, ctx: _Ctx) -> Kernels:
+    return _k()
+
+
+@rule("getitem")
+def _getitem(node: Node, ctx: _Ctx) -> Kernels:
+    return _k(move=1)
+
+
+@rule(*TUPLE_OPS)
+def _tuple(node: Node, ctx: _Ctx) -> Kernels:
+    return _k()  # its picks slice
+
+
+@rule("cat", "stack")
+def _cat(node: Node, ctx: _Ctx) -> Kernels:
+    dim = node.arg(1, "dim", 0)
+    rank = len(node.out.shape)
+    last = isinstance(dim, int) and dim % rank == rank - 1
+    return _k(move=1 + (len(node.inputs) + 1 if last else 0))
+
+
+def _through(graph: Graph, node: Node, ops: frozenset) -> Node:
+    """The op that made `node`'s value, past `ops` (single-input pass-throughs)."""
+    while node.op in ops and node.inputs:
+        node = graph[node.inputs[0]]
+    return node
+
+
+# --- views: reshapes where shapes change -------------------------------------------------------------
+
+
+def _written(graph: Graph, node: Node) -> Optional[tuple]:
+    """The shape `node`'s value has in TTNN as its op writes it (a linear writes 2-D)."""
+    if not node.outputs:
+        return None
+    shape = tuple(node.out.shape)
+    if node.op in ("linear", "matmul") and len(shape) != 2:
+        return (_prod(shape[:-1]), shape[-1])
+    if node.op == "getitem" and graph[node.inputs[0]].op == "unbind":  # the picked dim stays, size 1
+        return shape[:-1] + (1, shape[-1]) if len(shape) else shape
+    return shape
+
+
+def _read(node: Node, graph: Graph, i: int) -> Optional[tuple]:
+    """The shape `node` reads its input `i` in (a linear reads 2-D)."""
+    src = graph[node.inputs[i]]
+    if not src.outputs:
+        return None
+    shape = tuple(src.out.shape)
+    if node.op in ("linear", "matmul") and i == 0 and len(shape) != 2:
+        return (_prod(shape[:-1]), shape[-1])
+    return shape
+
+
+def _prod(dims) -> int:
+    out = 1
+    for d in dims:
+        out = out * d
+    return out
+
+
+def _reshapes(graph: Graph, nodes: Iterable[Node], const: set[str]) -> int:
+    """One reshape per (producer, consumer) across a chain of views, where the shape the consumer reads
+    differs from the one the producer wrote; permutes next to an attention are absorbed, any other is a
+    kernel of its own (counted by `block_kernels`)."""
+    count = 0
+    seen: set[tuple[str, tuple]] = set()
+    for node in nodes:
+        if node.op in VIEWS or node.op in _FREE or node.op in CASTS or node.name in const:
+            continue
+        for i, name in enumerate(node.inputs):
+            src = graph[name]
+            if not src.outputs or name in const:
+                continue
+            root = src
+            while root.op in VIEWS | _FREE or (root.op in CASTS and root.out.dtype == graph[root.inputs[0]].out.dtype):
+                if not root.inputs:
+                    break
+                root = graph[root.inputs[0]]
+            if root.name in const or root.op == "placeholder" and root.is_param:
+                continue
+            have, want = _written(graph, root), _read(node, graph, i)
+            if have is None or want is None or tuple(have) == tuple(want):
+                continue
+            key = (root.name, tuple(want))
+            if key not in seen:
+                seen.add(key)
+                count += 1
+    return count
+
+
+def constants(graph: Graph) -> set[str]:
+    """The nodes computed from parameters and buffers alone: tt-mlir's const-eval computes them once."""
+    out: set[str] = set()
+    for node in graph:
+        if node.op == "placeholder":
+            if node.is_param:
+                out.add(node.name)
+            continue
+        if node.inputs and all(i in out for i in node.inputs):
+            out.add(node.name)
+        elif not node.inputs and node.op not in ("output",):
+            out.add(node.name)
+    return out
+
+
+def per_call(graph: Graph, nodes: list[Node], reduced: frozenset[str] = frozenset()) -> tuple[list[Node], set[str]]:
+    """The ops of a block (`nodes`) that run in the block each call, and of those the ones fed by the
+    residual stream (the outside value of the block output's shape) through activations.
+
+    An op runs in the block when it reads, directly or through other such ops, the stream or a parameter of
+    the block, and is not computed from parameters alone. The others (a cast of the timestep embedding, the
+    text K/V projections, which tt-mlir joins across the blocks into one linear) read only what the prologue
+    made: tt-mlir runs them beside it, and `wancompile.tt.parts` labels them so. A text projection the plan
+    reduces (`reduced`) adds its bias after the reduction, in the block: what reads it is fed as the stream's
+    consumers are. An op the stream does not feed (the text keys' RMSNorm) has only its kernels that read the
+    block's parameters in the block."""
+    inside = {n.name for n in nodes}
+    stream = tuple(nodes[-1].out.shape)
+    const = constants(graph)
+    fed = {
+        i
+        for n in nodes
+        for i in n.inputs
+        if i not in inside and graph[i].outputs and tuple(graph[i].out.shape) == stream
+    }
+    own = {n.name for n in nodes if n.op == "placeholder" and n.is_param}
+    out = []
+    for n in nodes:
+        if n.op == "placeholder":
+            continue
+        if any(i in fed for i in n.inputs):
+            fed.add(n.name)
+        elif n.op in ("linear", "matmul") and n.inputs[0] not in inside:
+            if n.name not in reduced or len(n.inputs) < 3:
+                continue  # a projection of the text states: joined across the blocks
+            fed.add(n.name)
+        elif not any(i in own for i in n.inputs):
+            continue
+        own.add(n.name)
+        if n.name not in const and n.outputs and n.op != "output":
+            out.append(n)
+    return out, fed & inside
+
+
+def block_kernels(
+    graph: Graph,
+    nodes: Iterable[Node],
+    layouts: Mapping[str, tuple[Layout, ...]],
+    mesh: MeshSpec,
+    collectives: Iterable[Collective],
+    reshards: Iterable[tuple[str, Layout, Layout]] = (),
+) -> Kernels:
+    """The TTNN kernels one block (`nodes`, graph order, its parameters included) runs per call
+    (`per_call`): its ops under the rules above, the reshapes between them, and `collectives` (the
+    block's, with their calls per block call, lowered for tt-mlir: `planner.targets.Target.lower`; their
+    ``where`` the block's own locations or the generic ``blocks.*`` ones) with the reshapes to 4-D around them,
+    and the `reshards` (value, from, to) that are local slices (`_local_slice`)."""
+    nodes = list(nodes)
+    by_loc = {graph.generic(str(n.location)): n for n in nodes}
+    by_loc.update({str(n.location): n for n in nodes})
+    located = [(c, by_loc.get(c.where)) for c in collectives]
+    reduced = frozenset(at.name for c, at in located if at is not None and c.kind in ("all-reduce", "reduce-scatter"))
+    nodes, fed = per_call(graph, nodes, reduced)
+    const = constants(graph)
+    # a text projection the plan reduces: its matmul and reduction run joined beside the prologue, its bias add here
+    joined = {n.name for n in nodes if n.op in ("linear", "matmul") and n.inputs[0] not in fed}
+    # a collective at an op the stream does not feed runs beside the prologue (`per_call`)
+    colls = [(c, at) for c, at in located if at is None or at.name in fed and at.name not in joined]
+    ctx = _Ctx(graph, layouts, mesh, reduced, frozenset(fed), frozenset(n.name for n in nodes))
+    total = Kernels()
+    for node in nodes:
+        if node.op in ("permute", "transpose"):
+            near = [graph[i] for i in node.inputs] + graph.users(node.name)
+            if not any(x.op == "scaled_dot_product_attention" for x in near):
+                total = total + _k(move=1)
+            continue
+        fn = _RULES.get(node.op)
+        if fn is not None:
+            total = total + fn(node, ctx)
+    total = total + _k(move=_reshapes(graph, nodes, const), typecast=_promotions(graph, nodes, const))
+    for c, at in colls:
+        total = total + _k(collective=int(c.count)) + _around(c, at, layouts, mesh)
+    ran = {n.name for n in nodes} | {i for n in nodes if n.name not in joined for i in n.inputs}
+    slices = {(v, b) for v, a, b in reshards if v in ran and v not in const and _local_slice(a, b, mesh)}
+    for _, b in slices:
+        total = total + _k(move=len(b.axes) + 2)
+    return total
+
+
+def _local_slice(a: Layout, b: Layout, mesh: MeshSpec) -> bool:
+    """Whether resharding `a` to `b` is a local slice of a replicated value: each chip keeps its part of what it
+    holds (a ``mesh_partition`` per axis added, with a ``to_layout`` to row-major and back around them), where
+    only dims `a` keeps whole gain axes and nothing is summed. (A split dim gaining a minor axis is sliced
+    inside the tiles the collectives around it move.)"""
+    if a.partial or b.partial or a.ndim != b.ndim:
+        return False
+    added = False
+    for x, y in zip(a.dims, b.dims):
+        if x != y and x:
+            return False
+        added = added or any(mesh.axis_size(ax) > 1 for ax in y[len(x) :])
+    return added
+
+
+def _around(c: Collective, at: Optional[Node], layouts: Mapping[str, tuple[Layout, ...]], mesh: MeshSpec) -> Kernels:
+    """The data movement tt-mlir puts around one lowered collective: a reduction of a tensor of rank other than
+    4 reshaped to 4-D and back; a weight gathered for a linear copied to tile layout first (an activation is
+    gathered as it is); an all-to-all (its ``point_to_point`` transfers, `planner.targets`) slicing each chip's
+    chunks and assigning the received."""
+    calls = int(c.count)
+    if c.kind == "collective-permute":
+        n = mesh.axis_size(c.axes[0]) if len(c.axes) == 1 else 0
+        if n > 1:
+            return _k(move=2 * n * (calls // (mesh.size * (n - 1))))
+        return _k()
+    if c.kind == "all-gather":
+        return _k(move=calls if at is not None and _gathers_weight(c, at, layouts) else 0)
+    rank = len(at.out.shape) if at is not None and at.outputs else 4
+    return _k(move=calls * (2 if rank != 4 else 0))
+
+
+def _gathers_weight(c: Collective, at: Node, layouts: Mapping[str, tuple[Layout, ...]]) -> bool:
+    """Whether an all-gather at a linear gathers its weight (a plan names both its input's and its weight's
+    gathers at the linear): the weight is split over the axes gathered."""
+    if at.op not in ("linear", "matmul") or len(at.inputs) < 2:
+        return False
+    lays = layouts.get(at.inputs[1])
+    return bool(lays) and bool(set(c.axes) & set(lays[0].axes))
+
+
+def plan_kernels(graph: Graph, plan: Plan) -> dict[int, Kernels]:
+    """Block index -> the TTNN kernels that block of `graph`'s main stack runs per call under `plan` (a
+    ``tt-mlir`` plan; `block_kernels`): each run of blocks that share their decisions (`forward.block_runs`)
+    counted at the representative block with that run's layouts and its collectives: those the plan names at
+    one of the run's blocks, and its share of those it names for every block (``blocks.*``: a plan sums them
+    over the blocks, so they are shared among the blocks of the runs whose evaluation makes them, as an
+    FSDP block range's gathers are its blocks' alone)."""
+    from planner.forward import block_runs, evaluate_forward
+    from planner.hardware import resolve_hardware
+    from planner.structure import dit_graph, family_of, find_structure
+
+    graph = dit_graph(graph)
+    st = find_structure(graph)
+    stack = family_of(st.root)
+    n = plan.layers or st.captured_blocks
+    fwd = evaluate_forward(graph, plan, resolve_hardware(plan.hardware or None, plan.mesh), num_blocks=n)
+    runs = block_runs(graph, st, plan, n)
+    # (kind, generic module) -> the runs whose evaluation makes such a collective there (a weight's gather is made
+    # at its parameter, the plan names it at the op reading it)
+    made_in: dict[tuple[str, str], set[int]] = {}
+    for e, _, part in fwd.events:
+        if 1 <= part <= len(runs):
+            made_in.setdefault((e.kind, graph.generic(e.where).split(":")[0]), set()).add(part - 1)
+    rep = [x for x in graph if st.in_rep(graph, x)]
+    lowered = plan.predicted_by_partitioner()[plan.target]
+    out: dict[int, Kernels] = {}
+    for r, ((_, run), (ev, _)) in enumerate(zip(runs, fwd.parts[1:-1])):
+        reshards = [(graph[x].inputs[i], ev.layouts[graph[x].inputs[i]][0], lay) for (x, i), lay in ev.required.items()]
+        reshards += [(x, lay, ev.layouts[x][0]) for x, lay in ev.unforced.items()]
+        for k in run:
+            mine = []
+            for c in lowered:
+                at = plan.block_of(c.where)
+                if at is not None and at[0] == stack and at[1] == k:
+                    mine.append(replace(c, where=st.root + at[2]))
+                elif c.where.startswith(stack + ".*"):
+                    sharing = made_in.get((c.kind, c.where.split(":")[0]), set(range(len(runs))))
+                    if r in sharing:
+                        mine.append(replace(c, count=c.count // sum(len(runs[j][1]) for j in sharing)))
+            out[k] = block_kernels(graph, rep, ev.layouts, plan.mesh, mine, reshards)
+    return out

@@ -1,0 +1,80 @@
+"""The planner counts the TTNN kernels a block runs per call under tt-mlir (`planner.ttnn_kernels`): fused
+attention, norms and GELU as one kernel each, the text's K/V projections beside the prologue, the plan's
+collectives with the moves around them. `tests/test_tt_fused.py` holds the count against tt-mlir's compiled
+blocks (within 10%)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from planner.autoplan import plan_graph
+from planner.hand_plans import tt_xla_plan
+from planner.mesh import parse_mesh
+from planner.ttnn_kernels import Kernels, plan_kernels
+
+
+@pytest.fixture(scope="module")
+def bf16_graph():
+    """The tiny DiT as a pipeline loads it (bf16), captured as dynamo hands it to the backend."""
+    from wancompile.capture import capture_module
+    from wancompile.models import as_loaded, build_transformer, transformer_inputs
+
+    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
+    inputs = {
+        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in transformer_inputs("tiny", "tiny", 9).items()
+    }
+    return capture_module(model, **inputs, return_dict=False, model="tiny")[0]
+
+
+def test_a_compiled_block_is_counted_by_kernel_class():
+    """Deallocations and const-eval loads are no kernels; layout moves and slices are data movement; any TTNN op
+    not named is one elementwise kernel."""
+    ops = {
+        "ttnn.deallocate": 40,
+        "ttcore.load_cached": 3,
+        "ttnn.scaled_dot_product_attention": 2,
+        "ttnn.rms_norm": 1,
+        "ttnn.linear": 4,
+        "ttnn.matmul": 1,
+        "ttnn.multiply": 5,
+        "ttnn.rsqrt": 1,
+        "ttnn.typecast": 2,
+        "ttnn.reshape": 3,
+        "ttnn.to_layout": 1,
+        "ttnn.slice_static": 2,
+        "ttnn.all_reduce": 2,
+        "ttnn.point_to_point": 6,
+    }
+    k = Kernels.of_ttnn(ops)
+    assert k == Kernels(fused=3, matmul=5, eltwise=6, typecast=2, move=6, collective=8)
+    assert k.total == 30 and k.to_json()["total"] == 30
+
+
+def test_one_chip_runs_every_attention_norm_and_gelu_fused_and_no_collective(bf16_graph):
+    """On one chip nothing is split: per block 2 attention calls, 3 LayerNorms, GELU and the 4 q/k RMSNorms are
+    one kernel each; 8 linears run in the block (the text's K/V projections run beside the prologue, joined
+    across the blocks); no collective."""
+    plan = plan_graph(bf16_graph, parse_mesh("1x1"), target="tt-mlir")
+    kernels = plan_kernels(bf16_graph, plan)
+    assert sorted(kernels) == [0, 1] and kernels[0] == kernels[1]
+    k = kernels[0]
+    assert (k.fused, k.matmul, k.collective) == (10, 8, 0), k
+
+
+def test_head_tp_decomposes_the_norms_across_heads_and_counts_the_plans_collectives_per_block(bf16_graph):
+    """tt-xla's hand plan on 2x4 splits the heads over ``model``: the q/k RMSNorms normalize over every head, so
+    they run decomposed around the all-reduce of their sums (4 fewer fused kernels), and each block runs its
+    share of the plan's collectives as TTNN lowers them — those named for every block, less the text keys'
+    RMSNorm sums, which run beside the prologue."""
+    plan = tt_xla_plan(bf16_graph, parse_mesh("2x4"), target="tt-mlir")
+    kernels = plan_kernels(bf16_graph, plan)
+    k = kernels[0]
+    assert kernels[1] == k and (k.fused, k.matmul) == (6, 8), k
+    per_block = [c for c in plan.predicted_by_partitioner()["tt-mlir"] if c.where.startswith("blocks.*")]
+    beside = [c for c in per_block if c.where == "blocks.*.attn2.norm_k:rms_norm#0"]
+    assert len(beside) == 1
+    assert k.collective == sum(c.count for c in per_block) // 2 - beside[0].count // 2
+    one_chip = plan_kernels(bf16_graph, plan_graph(bf16_graph, parse_mesh("1x1"), target="tt-mlir"))[0]
+    assert k.typecast > one_chip.typecast and k.eltwise > one_chip.eltwise  # the decomposed norms' kernels
