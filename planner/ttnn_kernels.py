@@ -485,14 +485,14 @@ def plan_kernels(graph: Graph, plan: Plan) -> dict[int, Kernels]:
     over the blocks, so they are shared among the blocks of the runs whose evaluation makes them, as an
     FSDP block range's gathers are its blocks' alone)."""
     from planner.forward import block_runs, evaluate_forward
-    from planner.hardware import resolve_hardware
+    from planner.request import PlanRequest
     from planner.structure import dit_graph, family_of, find_structure
 
     graph = dit_graph(graph)
     st = find_structure(graph)
     stack = family_of(st.root)
     n = plan.layers or st.captured_blocks
-    fwd = evaluate_forward(graph, plan, resolve_hardware(plan.hardware or None, plan.mesh), num_blocks=n)
+    fwd = evaluate_forward(graph, plan, PlanRequest.for_plan(plan).hardware, num_blocks=n)
     runs = block_runs(graph, st, plan, n)
     # (kind, generic module) -> the runs whose evaluation makes such a collective there (a weight's gather is made
     # at its parameter, the plan names it at the op reading it)
