@@ -77,7 +77,63 @@ def run() -> dict:
         "per_stack": list(C.PER_STACK),
         "rms_log_error": round(fitted.rms_log_error, 4),
         "rows": rows,
+        "ttnn": ttnn_pricing(dits, vaes),
         "seconds": round(time.perf_counter() - t0, 1),
+    }
+
+
+def ttnn_pricing(dits, vaes) -> dict:
+    """The rows priced by what TTNN runs (`planner.calibration.PRICINGS` "ttnn"), fitted once per explanation of the
+    data movement (`planner.calibration.move_rates`): ``audit`` (the audit's device profile,
+    `planner.published.AUDIT`; the audited program's moves as the planner counts them, per block),
+    ``move_efficiency`` (per explanation), and per
+    explanation its ``factors``, ``rms_log_error`` and ``rows`` (``predicted_s``, ``loo_predicted_s``,
+    ``loo_error``, ``fitted``)."""
+    from planner import calibration as C
+
+    priced = C.price_all(dits, vaes, "ttnn")
+    rates = C.move_rates(priced)
+    audit = next(p for p in priced if p.row.source == C.AUDIT.source)
+    moves_s = sum(t.move_s * k for _, t, k in audit.pieces)
+    explanations = []
+    for name, eff in rates.items():
+        fitted = C.fit(priced, move_efficiency=eff)
+        rows = [
+            {
+                "system": p.row.system,
+                "mesh": p.row.mesh,
+                "resolution": p.row.resolution,
+                "what": p.row.what,
+                "published_s": p.row.published_s,
+                "predicted_s": round(float(p.seconds(fitted.of(p.row))), 3),
+                "loo_predicted_s": round(held, 3),
+                "loo_error": round(held / p.row.published_s - 1, 4),
+                "fitted": p.fitted,
+            }
+            for p, held in C.leave_one_out(priced, eff)
+        ]
+        explanations.append(
+            {
+                "moves": name,
+                "move_efficiency": round(eff, 4),
+                "factors": {s: vars(f) for s, f in fitted.factors.items()},
+                "rms_log_error": round(fitted.rms_log_error, 4),
+                "rows": rows,
+            }
+        )
+    return {
+        "audit": {
+            "source": C.AUDIT.source,
+            "program": C.AUDIT.program,
+            "device_ms": round(C.AUDIT.device_ms, 1),
+            "classes": {c: {"ms": round(k.ms, 1), "count": round(k.count, 1)} for c, k in C.AUDIT.classes.items()},
+            "move_share": round(C.AUDIT.share("move"), 3),
+            "reading": C.AUDIT.reading,
+            "planner_move_ms_at_dram_bandwidth": round(moves_s * 1e3, 1),
+            "fixed_move_ms": C.AUDIT.fixed.get("move", 0.0),
+        },
+        "move_efficiency": {k: round(v, 4) for k, v in rates.items()},
+        "explanations": explanations,
     }
 
 
@@ -103,6 +159,53 @@ def table(out: dict) -> list[str]:
     lines.append(
         f"\nRMS log error of the fit: {out['rms_log_error']:.3f}; own factor per stack: {', '.join(out['per_stack'])}."
     )
+    return lines + ttnn_table(out["ttnn"])
+
+
+def ttnn_table(t: dict) -> list[str]:
+    a = t["audit"]
+    lines = [
+        "",
+        "## Priced by what TTNN runs",
+        "",
+        f"The audit's device profile ({a['source']}; {a['program']}; {a['reading']}), per forward:",
+        "",
+        "| class | device ms | kernels | share |",
+        "|---|---|---|---|",
+    ]
+    for c, k in a["classes"].items():
+        lines.append(f"| {c} | {k['ms']:.1f} | {k['count']:.1f} | {k['ms'] / a['device_ms']:.1%} |")
+    lines += [
+        f"| all | {a['device_ms']:.1f} | | |",
+        "",
+        f"The audited forward's data movement as the planner counts it (`planner.ttnn_kernels`, one block) takes "
+        f"{a['planner_move_ms_at_dram_bandwidth']:.1f} ms at full DRAM bandwidth. The explanations the rows are fitted "
+        "under, as the efficiency of data movement (of DRAM bandwidth) each carries: "
+        + "; ".join(f"{k} {v:.3g}" for k, v in t["move_efficiency"].items())
+        + f" (the audit's {a['classes']['move']['ms']:.0f} ms of moves, less the {a['fixed_move_ms']:.0f} ms its fixes "
+        "saved in the program the row timed; or all of them). Each is fitted on its own (the same grid; the audit's "
+        "row is fitted here, not under the planner-op pricing above):",
+        "",
+    ]
+    ex = t["explanations"]
+    head = " | ".join(f"moves at {e['moves']} ({e['move_efficiency']:.3g}): predicted s, LOO error" for e in ex)
+    lines += [f"| system | mesh | res | what | published s | {head} |", "|---|---|---|---|---|" + "---|" * len(ex)]
+    for i, r in enumerate(ex[0]["rows"]):
+        cells = " | ".join(
+            f"{e['rows'][i]['predicted_s']:.3g}, {e['rows'][i]['loo_error']:+.0%}{'' if e['rows'][i]['fitted'] else ' (not fitted)'}"
+            for e in ex
+        )
+        lines.append(
+            f"| {r['system']} | {r['mesh']} | {r['resolution']} | {r['what']} | {r['published_s']:g} | {cells} |"
+        )
+    lines += ["", "| moves at | stack | compute efficiency | link efficiency | per-op overhead | RMS log error |"]
+    lines.append("|---|---|---|---|---|---|")
+    for e in ex:
+        for stack, f in e["factors"].items():
+            lines.append(
+                f"| {e['moves']} | {stack} | {f['compute_efficiency']:.3f} | {f['link_efficiency']:.3f} "
+                f"| {f['op_overhead'] * 1e6:.1f} µs | {e['rms_log_error']:.3f} |"
+            )
     return lines
 
 

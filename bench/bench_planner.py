@@ -85,6 +85,33 @@ def spread_factors():
     return [f.factors[CALIBRATED_STACK] for f in C.held_out_fits(priced)]
 
 
+def ttnn_factors():
+    """(explanation, the tt-xla factors fitted under it) for each explanation of the data movement under the
+    TTNN-kernel pricing (`planner.calibration.move_rates`: moves at DRAM bandwidth, at the audit's rates)."""
+    from bench_calibration import dit, vae
+
+    from planner import calibration as C
+    from planner.hardware import CALIBRATED_STACK
+
+    res = sorted({r.resolution for r in C.PUBLISHED})
+    priced = C.price_all(
+        {r: dit(r) for r in res},
+        {r: vae(r) for r in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})},
+        "ttnn",
+    )
+    return [
+        (name, C.fit(priced, move_efficiency=e).factors[CALIBRATED_STACK]) for name, e in C.move_rates(priced).items()
+    ]
+
+
+def ttnn_seconds(g, plan, hw, factors) -> float:
+    """One forward of `plan` priced by what TTNN runs (`planner.calibration.forward_terms`, "ttnn") under `factors`."""
+    from planner import calibration as C
+
+    scheme = C.Scheme("tt-xla", None, 1)
+    return C.forward_terms(g, plan, hw, C.STACKS["tt-xla"], scheme, 40, "ttnn").seconds(factors)
+
+
 def run(spread: bool = True) -> dict:
     from planner import plan_graph
     from planner.autoplan import price_plan
@@ -95,6 +122,7 @@ def run(spread: bool = True) -> dict:
     from planner.plan import PlanError
 
     factor_sets = spread_factors() if spread else []
+    explanations = ttnn_factors() if spread else []
     rows = []
     for res in ("480p", "720p"):
         g = capture(res)
@@ -110,7 +138,8 @@ def run(spread: bool = True) -> dict:
                     "experts": experts,
                     "roofline_ms": roof * 1e3,
                 }
-                hand = tt_xla_plan(g, mesh, hw, num_blocks=40, weight_sets=experts).predicted
+                hand_experts = tt_xla_plan(g, mesh, hw, num_blocks=40, weight_sets=experts)
+                hand = hand_experts.predicted
                 row["hand"] = {
                     "ms": hand.step_seconds * 1e3,
                     "comm_ms": hand.comm_seconds * 1e3,
@@ -137,6 +166,11 @@ def run(spread: bool = True) -> dict:
                     "strategies": "; ".join(f"{d.macro}={d.strategy}" for d in auto.decisions if d.in_block),
                 }
                 row["hand_over_auto"] = hand.step_seconds / ap.step_seconds
+                # the same two plans (not re-planned) priced by what TTNN runs, under each explanation's fit
+                row["ttnn"] = {
+                    name: ttnn_seconds(g, hand_experts, hw, f) / ttnn_seconds(g, auto, hw, f)
+                    for name, f in explanations
+                }
                 ratios, auto_ms = [], []
                 for f in factor_sets:  # the same comparison under every held-out refit of the factors
                     hw_f = calibrated(hw, f, "leave-one-out refit")
@@ -160,8 +194,8 @@ def table(out: dict) -> list[str]:
     lines = [
         "| res | mesh | hardware | experts | auto ms/fwd (LOO range) | auto comm ms | auto GB/dev | auto stream layout "
         "| auto, STATE A only: ms | hand (STATE A) ms/fwd | hand comm ms | hand GB/dev | hand fits? | hand/auto (LOO range) "
-        "| ideal roofline ms | auto strategies |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| hand/auto, TTNN kernels (moves at DRAM bandwidth; audit, fixed program; audit profile) | ideal roofline ms | auto strategies |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in out["rows"]:
         h = r["hand"]
@@ -171,7 +205,7 @@ def table(out: dict) -> list[str]:
         head = f"| {r['resolution']} | {r['mesh']} | {r['hardware']} | {r['experts']}"
         if "error" in r["auto"]:
             lines.append(
-                f"{head} | no plan fits: {r['auto']['error'][:60]}… | | | | {a_s} | {hand_s} | – | {r['roofline_ms']:.0f} | |"
+                f"{head} | no plan fits: {r['auto']['error'][:60]}… | | | | {a_s} | {hand_s} | – | – | {r['roofline_ms']:.0f} | |"
             )
             continue
         a = r["auto"]
@@ -182,9 +216,10 @@ def table(out: dict) -> list[str]:
         )
         if not h["fits"]:
             ratio += " (hand does not fit)"
+        ttnn = "; ".join(f"{x:.2f}" for x in r.get("ttnn", {}).values()) or "–"
         lines.append(
             f"{head} | {auto_ms} | {a['comm_ms']:.0f} | {a['gb']:.1f} | {a['stream']} | {a_s} | {hand_s} | {ratio} "
-            f"| {r['roofline_ms']:.0f} | {a['strategies']} |"
+            f"| {ttnn} | {r['roofline_ms']:.0f} | {a['strategies']} |"
         )
     return lines
 

@@ -16,13 +16,20 @@ all-gather + matmul and matmul + reduce-scatter) costs the larger of its transfe
 multiplies the forward by the forwards it ran (40 steps x 2: CFG as two sequential forwards) and adds
 what else it timed (`Part`: the text encoder, the VAE decode) priced alike.
 
+A forward on tt-xla's stack is priced one of two ways (`PRICINGS`): per planner op that moves data (one kernel
+with a DRAM round trip, views free: what the planner prices, `planner.autoplan.price_plan`), or by what TTNN runs
+(``"ttnn"``: a block's launches counted by `planner.ttnn_kernels`, its reshapes, permutes and layout copies
+among them, each a DRAM round trip at a move efficiency, ``move_s``). The move efficiency is not fitted: the
+end-to-end rows cannot pin it, so each explanation of them (`move_rates`: DRAM bandwidth, or as slow as tt-xla's
+PERF_AUDIT profiled data movement) is fitted on its own and reported.
+
 `fit` chooses the three `Factors` (the only free numbers; none per row) minimising the squared log
 error over the rows, on a grid for the two efficiencies with the overhead solved for each;
 `leave_one_out` refits without each row in turn and predicts it. The fitted factors are data
 (`planner/calibration.json`, written by ``bench/bench_calibration.py --write``) that the Tenstorrent
 profiles read (`planner.hardware`).
 
-Why one module of ~400 lines: the terms a row is taken apart into (`forward_terms`, `vae_terms`,
+Why one module of ~480 lines: the terms a row is taken apart into (`forward_terms`, `vae_terms`,
 `text_terms`) and the fit over them (`fit`, `leave_one_out`) are one model — the three `Factors` are
 defined by which terms they scale, and every term exists to be scaled by one of them. The rows themselves
 are data in `planner.published`.
@@ -43,10 +50,12 @@ from planner.graph import Graph, Node
 from planner.hardware import Figure, HardwareProfile, get_profile
 from planner.mesh import MeshSpec
 from planner.published import (
+    AUDIT,
     NUM_BLOCKS,
     PUBLISHED,
     STACKS,
     UMT5_XXL,
+    DeviceProfile,
     Row,
     Scheme,
     Stack,
@@ -79,6 +88,9 @@ class Factors:
     compute_efficiency: float
     link_efficiency: float
     op_overhead: float  # seconds per kernel
+    # the fraction of DRAM bandwidth a data-movement kernel achieves (`Terms.move_s`; the TTNN pricing only): not
+    # fitted, each explanation of the rows (`move_rates`) carries its own
+    move_efficiency: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -113,6 +125,7 @@ class Terms:
     latency_s: float = 0.0
     transfer_s: float = 0.0
     overlaps: tuple[Overlap, ...] = ()
+    move_s: float = 0.0  # the data-movement kernels' DRAM round trips at full bandwidth (TTNN pricing)
 
     def seconds(self, f: Factors) -> float:
         plain = (
@@ -120,6 +133,7 @@ class Terms:
             + self.kernels * f.op_overhead
             + self.latency_s
             + self.transfer_s / f.link_efficiency
+            + self.move_s / f.move_efficiency
         )
         return plain + sum(o.seconds(f) for o in self.overlaps)
 
@@ -130,6 +144,7 @@ class Terms:
             self.latency_s + other.latency_s,
             self.transfer_s + other.transfer_s,
             self.overlaps + other.overlaps,
+            self.move_s + other.move_s,
         )
 
     def times(self, k: float) -> "Terms":
@@ -139,6 +154,7 @@ class Terms:
             self.latency_s * k,
             self.transfer_s * k,
             tuple(replace(o, times=o.times * k) for o in self.overlaps),
+            self.move_s * k,
         )
 
 
@@ -151,8 +167,10 @@ def neutral(hw: HardwareProfile, stack: Stack) -> HardwareProfile:
     )
 
 
-def forward_terms(graph: Graph, plan, hw: HardwareProfile, stack: Stack, scheme: Scheme, num_blocks: int) -> Terms:
-    """One DiT forward of `graph` under `plan` on `hw`, as `Terms` for `stack`."""
+def forward_terms(
+    graph: Graph, plan, hw: HardwareProfile, stack: Stack, scheme: Scheme, num_blocks: int, pricing: str = "planner"
+) -> Terms:
+    """One DiT forward of `graph` under `plan` on `hw`, as `Terms` for `stack`, under `pricing` (`PRICINGS`)."""
     from planner.autoplan import evaluate_forward
 
     nhw = neutral(hw, stack)
@@ -187,18 +205,32 @@ def forward_terms(graph: Graph, plan, hw: HardwareProfile, stack: Stack, scheme:
         acc[1] = max(acc[1], lat)  # K and V travel together: one latency, their bytes summed
         acc[2] += xfer
     overlaps = []
-    roofline = kernels = 0.0
+    roofline = kernels = moves = 0.0
+    ttnn = pricing == "ttnn" and not stack.fuses_glue
+    if ttnn:
+        kernels, moves = _ttnn_blocks(graph, plan, hw, num_blocks)
     for key, (roof, kernel, times) in per_op.items():
-        kernels += kernel * times
+        if not (ttnn and 0 < key[0] < len(fwd.parts) - 1):  # a block's launches are TTNN's count
+            kernels += kernel * times
         if key in overlapped:
             kind, lat, xfer, n, t = overlapped[key]
             overlaps.append(Overlap(kind, roof, lat, xfer, n, t))
         else:
             roofline += roof * times
-    terms = Terms(roofline, kernels, latency, transfer, tuple(overlaps))
+    terms = Terms(roofline, kernels, latency, transfer, tuple(overlaps), moves)
     if scheme.kv_slices:
         terms = terms + _slices(g, plan.mesh, hw, scheme.kv_slices)
     return terms
+
+
+def _ttnn_blocks(graph: Graph, plan, hw: HardwareProfile, num_blocks: int) -> tuple[float, float]:
+    """The blocks of one forward as TTNN runs them (`planner.ttnn_kernels.plan_kernels`): their kernel launches
+    (collectives apart: their latency prices them) and their data movement's DRAM round trips at full bandwidth."""
+    from planner.ttnn_kernels import plan_kernels
+
+    blocks = plan_kernels(graph, plan, num_blocks).values()
+    launches = sum(k.total - k.collective for k in blocks)
+    return float(launches), sum(2 * k.move_bytes for k in blocks) / float(hw.dram_bw)
 
 
 def _overlap_site(graph: Graph, node: Node, e, stack: Stack, sp, tp) -> Optional[tuple[str, Node]]:
@@ -267,6 +299,11 @@ class Priced:
 
     row: Row
     pieces: tuple[tuple[str, Terms, float], ...]  # (part, terms, times)
+    pricing: str = "planner"
+
+    @property
+    def fitted(self) -> bool:
+        return self.row.fitted_under(self.pricing)
 
     def seconds(self, f: Factors) -> float:
         return sum(t.seconds(f) * k for _, t, k in self.pieces)
@@ -304,12 +341,13 @@ def load() -> Optional[Fit]:
     return Fit({stack: Factors(**f) for stack, f in d["factors"].items()}, d["rms_log_error"])
 
 
-def _errors(priced: Sequence[Priced]) -> dict[str, np.ndarray]:
+def _errors(priced: Sequence[Priced], move_efficiency: float = 1.0) -> dict[str, np.ndarray]:
     """Per stack: Σ log(predicted / published)² of its rows at every grid point (compute x link x overhead)."""
     grid = Factors(
         np.asarray(COMPUTE_GRID)[:, None, None],
         np.asarray(LINK_GRID)[None, :, None],
         np.asarray(OVERHEAD_GRID)[None, None, :],
+        move_efficiency,
     )
     out: dict[str, np.ndarray] = {}
     for p in priced:
@@ -318,11 +356,11 @@ def _errors(priced: Sequence[Priced]) -> dict[str, np.ndarray]:
     return out
 
 
-def fit(priced: Sequence[Priced], per_stack: Sequence[str] = PER_STACK) -> Fit:
+def fit(priced: Sequence[Priced], per_stack: Sequence[str] = PER_STACK, move_efficiency: float = 1.0) -> Fit:
     """The factors minimising Σ log(predicted / published)² over the fitted rows of `priced` (a grid
     search: the shared factors are one grid point, each stack's own factors the best for it there)."""
-    rows = [p for p in priced if p.row.fitted]
-    errors = _errors(rows)
+    rows = [p for p in priced if p.fitted]
+    errors = _errors(rows, move_efficiency)
     own = tuple(_AXES.index(a) for a in per_stack)
     total = sum(e.min(axis=own, keepdims=True) if own else e for e in errors.values())
     shared = np.unravel_index(int(np.argmin(total)), total.shape)
@@ -333,26 +371,48 @@ def fit(priced: Sequence[Priced], per_stack: Sequence[str] = PER_STACK) -> Fit:
         idx = list(shared)
         for a, b in zip(own, best):
             idx[a] = b
-        factors[stack] = Factors(COMPUTE_GRID[idx[0]], LINK_GRID[idx[1]], OVERHEAD_GRID[idx[2]])
+        factors[stack] = Factors(COMPUTE_GRID[idx[0]], LINK_GRID[idx[1]], OVERHEAD_GRID[idx[2]], move_efficiency)
     fitted = Fit(factors, 0.0)
     err = [math.log(p.seconds(fitted.of(p.row)) / p.row.published_s) ** 2 for p in rows]
     return Fit(factors, math.sqrt(sum(err) / len(err)))
 
 
-def leave_one_out(priced: Sequence[Priced]) -> list[tuple[Priced, float]]:
+def leave_one_out(priced: Sequence[Priced], move_efficiency: float = 1.0) -> list[tuple[Priced, float]]:
     """Each row predicted by the factors fitted on the others: (row, predicted seconds). A row the fit
-    leaves out (`Row.fitted` False) is predicted by the fit on all fitted rows."""
-    return [(p, float(p.seconds(f.of(p.row)))) for p, f in zip(priced, held_out_fits(priced))]
+    leaves out (`Priced.fitted` False) is predicted by the fit on all fitted rows."""
+    return [(p, float(p.seconds(f.of(p.row)))) for p, f in zip(priced, held_out_fits(priced, move_efficiency))]
 
 
-def held_out_fits(priced: Sequence[Priced]) -> list[Fit]:
+def held_out_fits(priced: Sequence[Priced], move_efficiency: float = 1.0) -> list[Fit]:
     """The fit without each row in turn (the spread of the factors the rows allow)."""
-    return [fit([q for q in priced if q is not p]) for p in priced]
+    return [fit([q for q in priced if q is not p], move_efficiency=move_efficiency) for p in priced]
 
 
-def price_all(graphs: Mapping[str, Graph], vaes: Mapping[str, Graph]) -> list[Priced]:
+def price_all(graphs: Mapping[str, Graph], vaes: Mapping[str, Graph], pricing: str = "planner") -> list[Priced]:
     """Every published row priced: `graphs` / `vaes` are the DiT / VAE decode captured per resolution."""
-    return [price(r, graphs[r.resolution], vaes.get(r.resolution)) for r in PUBLISHED]
+    return [price(r, graphs[r.resolution], vaes.get(r.resolution), pricing) for r in PUBLISHED]
+
+
+# How a forward on the TTNN stack is priced (`forward_terms`): "planner" — one kernel per planner op that moves
+# data, with its DRAM round trip, views free (what `planner.autoplan.price_plan` prices); "ttnn" — a block's
+# launches as TTNN runs them (`planner.ttnn_kernels`: fused attention and norms one kernel each, views as the
+# reshapes, permutes and layout copies tt-mlir emits, each a DRAM round trip at the move efficiency)
+PRICINGS = ("planner", "ttnn")
+
+
+def move_rates(priced: Sequence[Priced], audit: DeviceProfile = AUDIT) -> dict[str, float]:
+    """The explanations of the rows that the end-to-end times cannot tell apart, as the move efficiency each
+    carries: data movement at DRAM bandwidth; or as slow as the audit profiled it, where the audited forward's
+    moves (`priced` under the "ttnn" pricing, the audit's row among them) take the device time the audit measured
+    for them — in the program the row timed (the profile less what its fixes saved), or in the profile's own."""
+    p = next(p for p in priced if p.row.source == audit.source and p.row.what == audit.row)
+    move_s = sum(t.move_s * k for _, t, k in p.pieces)
+    measured = audit.classes["move"].ms / 1e3
+    return {
+        "DRAM bandwidth": 1.0,
+        "audit, fixed program": move_s / (measured - audit.fixed.get("move", 0.0) / 1e3),
+        "audit profile": move_s / measured,
+    }
 
 
 def calibrated(hw: HardwareProfile, factors: Factors, source: str) -> HardwareProfile:
@@ -366,21 +426,22 @@ def calibrated(hw: HardwareProfile, factors: Factors, source: str) -> HardwarePr
     )
 
 
-def price(row: Row, graph: Graph, vae: Optional[Graph] = None) -> Priced:
+def price(row: Row, graph: Graph, vae: Optional[Graph] = None, pricing: str = "planner") -> Priced:
     """`row`'s work taken apart: its DiT forwards (on `graph`, the model captured at the row's
     resolution) and the other parts it timed (the VAE decode on `vae`, the decode graph captured at the
     row's resolution and frames; the text encoder from `UMT5_XXL`)."""
     hw = get_profile(row.system)
     stack = STACKS[row.scheme.stack]
     plan = scheme_plan(graph, row, neutral(hw, stack))
-    pieces = [("denoising", forward_terms(graph, plan, hw, stack, row.scheme, NUM_BLOCKS), float(row.forwards))]
+    forward = forward_terms(graph, plan, hw, stack, row.scheme, row.num_blocks, pricing)
+    pieces = [("denoising", forward, float(row.forwards))]
     if "text" in row.parts:
         pieces.append(("text", text_terms(hw, profile_mesh(row), stack), 1.0))
     if "vae" in row.parts:
         if vae is None:
             raise ValueError(f"row {row.system} {row.resolution} timed the VAE decode: pass its decode graph")
         pieces.append(("vae", vae_terms(vae, hw, profile_mesh(row), stack), 1.0))
-    return Priced(row, tuple(pieces))
+    return Priced(row, tuple(pieces), pricing)
 
 
 def vae_terms(graph: Graph, hw: HardwareProfile, mesh: MeshSpec, stack: Stack) -> Terms:

@@ -52,14 +52,15 @@ moves around the plan's collectives share one context (`_Ctx`) and change togeth
 
 from __future__ import annotations
 
+import math
 from collections import Counter
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable, Mapping, Optional
 
 from planner.collective import Collective
 from planner.graph import TUPLE_OPS, Graph, Node
 from planner.mesh import MeshSpec
-from planner.placements import Layout
+from planner.placements import Layout, as_number, local_shape, numel
 from planner.plan import Plan
 
 TILE = 32  # TTNN's tile edge: the last two dims of a tiled tensor are padded to it
@@ -94,9 +95,12 @@ _TTNN_CLASS = {
 _NOT_KERNELS = ("ttnn.deallocate", "ttcore.load_cached")  # freeing a buffer, loading a const-eval result
 
 
+CLASSES = ("fused", "matmul", "eltwise", "typecast", "move", "collective")
+
+
 @dataclass(frozen=True)
 class Kernels:
-    """Kernels per call, by class."""
+    """Kernels per call, by class, and the bytes per chip the data-movement kernels read."""
 
     fused: int = 0  # attention, norms, GELU as one kernel each
     matmul: int = 0
@@ -104,16 +108,21 @@ class Kernels:
     typecast: int = 0
     move: int = 0  # reshape, permute, to_layout, slice, concat, pad, repeat, mesh_partition
     collective: int = 0
+    # what a move costs beside its launch: each reads this many bytes and writes as many back (`planner.ttnn_price`);
+    # predicted only (a compiled histogram has no sizes), so not compared
+    move_bytes: float = field(default=0.0, compare=False)
 
     @property
     def total(self) -> int:
-        return sum(getattr(self, f.name) for f in fields(self))
+        return sum(getattr(self, c) for c in CLASSES)
 
     def __add__(self, other: "Kernels") -> "Kernels":
-        return Kernels(*(getattr(self, f.name) + getattr(other, f.name) for f in fields(self)))
+        return Kernels(
+            **{c: getattr(self, c) + getattr(other, c) for c in CLASSES}, move_bytes=self.move_bytes + other.move_bytes
+        )
 
     def to_json(self) -> dict:
-        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "total": self.total}
+        return {**{c: getattr(self, c) for c in CLASSES}, "total": self.total}
 
     @classmethod
     def of_ttnn(cls, ops: Mapping[str, int]) -> "Kernels":
@@ -149,6 +158,15 @@ class _Ctx:
             return False
         last = lays[0].dims[-1] if lays[0].dims else ()
         return any(self.mesh.axis_size(a) > 1 for a in last)
+
+    def local_bytes(self, name: str, layout: Optional[Layout] = None) -> float:
+        """Bytes per chip of `name`'s value, in `layout` or the one the plan gives it (whole where it gives none)."""
+        node = self.graph[name]
+        if not node.outputs:
+            return 0.0
+        lays = self.layouts.get(name)
+        lay = layout or (lays[0] if lays else None)
+        return as_number(numel(local_shape(node.out.shape, lay, self.mesh))) * node.out.itemsize
 
 
 _Rule = Callable[[Node, _Ctx], Kernels]
@@ -193,7 +211,7 @@ def _rms_norm(node: Node, ctx: _Ctx) -> Kernels:
         return _k(fused=1)
     if node.name not in ctx.fed:
         return _k(eltwise=1)  # its statistics run beside the prologue, the weight's multiply in the block
-    return _k(typecast=1, eltwise=6, move=1)
+    return _k(typecast=1, eltwise=6, move=1, move_bytes=_statistic_bytes(node, ctx))
 
 
 @rule("layer_norm")
@@ -203,7 +221,14 @@ def _layer_norm(node: Node, ctx: _Ctx) -> Kernels:
     # decomposed around the all-reduces of its two sums: sum, mean, subtract, pow, sum, mean, + eps, multiply
     # (rsqrt folded), each statistic reshaped back; the affine weight's multiply and the bias add
     affine = sum(1 for i in node.inputs[1:] if ctx.graph[i].outputs)
-    return _k(eltwise=8 + affine, move=2)
+    return _k(eltwise=8 + affine, move=2, move_bytes=2 * _statistic_bytes(node, ctx))
+
+
+def _statistic_bytes(node: Node, ctx: _Ctx) -> float:
+    """Bytes per chip of a norm's per-row statistic (what its reshape moves): one value per normalized row."""
+    lays = ctx.layouts.get(node.name)
+    rows = local_shape(node.out.shape, lays[0] if lays else None, ctx.mesh)[:-1]
+    return as_number(numel(rows)) * node.out.itemsize
 
 
 @rule("linear", "matmul", "bmm", "mm")
@@ -307,11 +332,11 @@ def _prod(dims) -> int:
     return out
 
 
-def _reshapes(graph: Graph, nodes: Iterable[Node], const: set[str]) -> int:
+def _reshapes(graph: Graph, nodes: Iterable[Node], const: set[str]) -> list[str]:
     """One reshape per (producer, consumer) across a chain of views, where the shape the consumer reads
-    differs from the one the producer wrote; permutes next to an attention are absorbed, any other is a
-    kernel of its own (counted by `block_kernels`)."""
-    count = 0
+    differs from the one the producer wrote: the producers, one per reshape; permutes next to an attention are
+    absorbed, any other is a kernel of its own (counted by `block_kernels`)."""
+    out: list[str] = []
     seen: set[tuple[str, tuple]] = set()
     for node in nodes:
         if node.op in VIEWS or node.op in _FREE or node.op in CASTS or node.name in const:
@@ -333,8 +358,8 @@ def _reshapes(graph: Graph, nodes: Iterable[Node], const: set[str]) -> int:
             key = (root.name, tuple(want))
             if key not in seen:
                 seen.add(key)
-                count += 1
-    return count
+                out.append(root.name)
+    return out
 
 
 def constants(graph: Graph) -> set[str]:
@@ -421,18 +446,23 @@ def block_kernels(
         if node.op in ("permute", "transpose"):
             near = [graph[i] for i in node.inputs] + graph.users(node.name)
             if not any(x.op == "scaled_dot_product_attention" for x in near):
-                total = total + _k(move=1)
+                total = total + _k(move=1, move_bytes=ctx.local_bytes(node.name))
             continue
         fn = _RULES.get(node.op)
         if fn is not None:
-            total = total + fn(node, ctx)
-    total = total + _k(move=_reshapes(graph, nodes, const), typecast=_promotions(graph, nodes, const))
+            k = fn(node, ctx)
+            if k.move and not k.move_bytes:  # a move the rule names moves the op's value
+                k = replace(k, move_bytes=k.move * ctx.local_bytes(node.name))
+            total = total + k
+    roots = _reshapes(graph, nodes, const)
+    total = total + _k(move=len(roots), typecast=_promotions(graph, nodes, const))
+    total = total + _k(move_bytes=sum(ctx.local_bytes(r) for r in roots))
     for c, at in colls:
         total = total + _k(collective=int(c.count)) + _around(c, at, layouts, mesh)
     ran = {n.name for n in nodes} | {i for n in nodes if n.name not in joined for i in n.inputs}
-    slices = {(v, b) for v, a, b in reshards if v in ran and v not in const and _local_slice(a, b, mesh)}
-    for _, b in slices:
-        total = total + _k(move=len(b.axes) + 2)
+    slices = {(v, b): a for v, a, b in reshards if v in ran and v not in const and _local_slice(a, b, mesh)}
+    for (v, b), a in slices.items():
+        total = total + _k(move=len(b.axes) + 2, move_bytes=(len(b.axes) + 2) * ctx.local_bytes(v, a))
     return total
 
 
@@ -457,15 +487,19 @@ def _around(c: Collective, at: Optional[Node], layouts: Mapping[str, tuple[Layou
     gathered as it is); an all-to-all (its ``point_to_point`` transfers, `planner.targets`) slicing each chip's
     chunks and assigning the received."""
     calls = int(c.count)
+    n = math.prod(mesh.axis_size(a) for a in c.axes)
     if c.kind == "collective-permute":
-        n = mesh.axis_size(c.axes[0]) if len(c.axes) == 1 else 0
-        if n > 1:
-            return _k(move=2 * n * (calls // (mesh.size * (n - 1))))
+        if len(c.axes) == 1 and n > 1:
+            moves = 2 * n * (calls // (mesh.size * (n - 1)))
+            return _k(move=moves, move_bytes=moves * c.bytes)  # each transfer's chunk sliced, then assigned
         return _k()
     if c.kind == "all-gather":
-        return _k(move=calls if at is not None and _gathers_weight(c, at, layouts) else 0)
+        moves = calls if at is not None and _gathers_weight(c, at, layouts) else 0
+        return _k(move=moves, move_bytes=moves * c.bytes / max(n, 1))  # the local shard, tiled
     rank = len(at.out.shape) if at is not None and at.outputs else 4
-    return _k(move=calls * (2 if rank != 4 else 0))
+    moves = calls * (2 if rank != 4 else 0)
+    out = 1 / n if c.kind == "reduce-scatter" and n else 1  # the operand reshaped in, the result back
+    return _k(move=moves, move_bytes=moves / 2 * c.bytes * (1 + out))
 
 
 def _gathers_weight(c: Collective, at: Node, layouts: Mapping[str, tuple[Layout, ...]]) -> bool:
@@ -477,13 +511,13 @@ def _gathers_weight(c: Collective, at: Node, layouts: Mapping[str, tuple[Layout,
     return bool(lays) and bool(set(c.axes) & set(lays[0].axes))
 
 
-def plan_kernels(graph: Graph, plan: Plan) -> dict[int, Kernels]:
+def plan_kernels(graph: Graph, plan: Plan, num_blocks: Optional[int] = None) -> dict[int, Kernels]:
     """Block index -> the TTNN kernels that block of `graph`'s main stack runs per call under `plan` (a
     ``tt-mlir`` plan; `block_kernels`): each run of blocks that share their decisions (`forward.block_runs`)
     counted at the representative block with that run's layouts and its collectives: those the plan names at
     one of the run's blocks, and its share of those it names for every block (``blocks.*``: a plan sums them
     over the blocks, so they are shared among the blocks of the runs whose evaluation makes them, as an
-    FSDP block range's gathers are its blocks' alone)."""
+    FSDP block range's gathers are its blocks' alone). `num_blocks`: the blocks of the model (default: the plan's)."""
     from planner.forward import block_runs, evaluate_forward
     from planner.request import PlanRequest
     from planner.structure import dit_graph, family_of, find_structure
@@ -491,7 +525,7 @@ def plan_kernels(graph: Graph, plan: Plan) -> dict[int, Kernels]:
     graph = dit_graph(graph)
     st = find_structure(graph)
     stack = family_of(st.root)
-    n = plan.layers or st.captured_blocks
+    n = num_blocks or plan.layers or st.captured_blocks
     fwd = evaluate_forward(graph, plan, PlanRequest.for_plan(plan).hardware, num_blocks=n)
     runs = block_runs(graph, st, plan, n)
     # (kind, generic module) -> the runs whose evaluation makes such a collective there (a weight's gather is made

@@ -78,3 +78,15 @@ def test_head_tp_decomposes_the_norms_across_heads_and_counts_the_plans_collecti
     assert k.collective == sum(c.count for c in per_block) // 2 - beside[0].count // 2
     one_chip = plan_kernels(bf16_graph, plan_graph(bf16_graph, parse_mesh("1x1"), target="tt-mlir"))[0]
     assert k.typecast > one_chip.typecast and k.eltwise > one_chip.eltwise  # the decomposed norms' kernels
+
+
+def test_the_moves_read_what_each_chip_holds_of_the_values_they_move(bf16_graph):
+    """What a data-movement kernel costs beside its launch is the bytes it moves: the reshapes and permutes of a
+    block on one chip move whole values; the hand plan splits those values over the chips, so each chip moves
+    less per move. Not compared with the compiled program (a TTNN histogram has no sizes)."""
+    one = plan_kernels(bf16_graph, plan_graph(bf16_graph, parse_mesh("1x1"), target="tt-mlir"))[0]
+    split = plan_kernels(bf16_graph, tt_xla_plan(bf16_graph, parse_mesh("2x4"), target="tt-mlir"))[0]
+    assert one.move > 0 and one.move_bytes > 0
+    assert split.move_bytes / split.move < one.move_bytes / one.move
+    assert (one + split).move_bytes == one.move_bytes + split.move_bytes
+    assert "move_bytes" not in one.to_json()  # the compared classes only
