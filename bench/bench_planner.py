@@ -269,7 +269,9 @@ def main() -> int:
             f"Wan 2.2 T2V-A14B (2 blocks captured on meta, planned for 40), both experts and one expert resident, the "
             f"profile's DRAM as the budget, every Tenstorrent profile carrying the factors fitted in docs/calibration.md. "
             f"The ranges are the same numbers under each of the {out['factor_sets']} leave-one-out refits of those "
-            f"factors (a refit re-plans the auto plan and re-prices the hand plan).",
+            f"factors (a refit re-plans the auto plan and re-prices the hand plan). The TTNN-kernel column re-prices the "
+            f'same two plans by what TTNN runs (`planner.calibration` pricing "ttnn"), under the factors fitted for each '
+            f"explanation of data movement in docs/calibration.md.",
             lines,
         )
     return 0
