@@ -41,13 +41,20 @@ def vae(resolution: str, frames: int = 81):
     return capture("wan2.1", (1, 16, (frames - 1) // 4 + 1, h // 8, w // 8))[1]
 
 
+def graphs() -> tuple[dict, dict]:
+    """The DiT per resolution of the published rows and the VAE decode per resolution of those that timed it."""
+    from planner import calibration as C
+
+    dits = {res: dit(res) for res in sorted({r.resolution for r in C.PUBLISHED})}
+    vaes = {res: vae(res) for res in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})}
+    return dits, vaes
+
+
 def run() -> dict:
     from planner import calibration as C
 
     t0 = time.perf_counter()
-    resolutions = sorted({r.resolution for r in C.PUBLISHED})
-    dits = {res: dit(res) for res in resolutions}
-    vaes = {res: vae(res) for res in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})}
+    dits, vaes = graphs()
     priced = C.price_all(dits, vaes)
     fitted = C.fit(priced)
     loo = C.leave_one_out(priced)

@@ -70,49 +70,38 @@ def stream_layout(plan) -> str:
     return ", ".join(f"{'/'.join(ms)} {state}" for state, ms in by_state.items())
 
 
-def spread_factors():
-    """The tt-xla factors of every leave-one-out refit of the calibration (`planner.calibration`): the
-    range of factors the published rows allow."""
-    from bench_calibration import dit, vae
-
+def spread_factors(dits, vaes):
+    """The tt-xla factors of every leave-one-out refit of the calibration (`planner.calibration`) on its graphs
+    (`bench_calibration.graphs`): the range of factors the published rows allow."""
     from planner import calibration as C
     from planner.hardware import CALIBRATED_STACK
 
-    res = sorted({r.resolution for r in C.PUBLISHED})
-    priced = C.price_all(
-        {r: dit(r) for r in res}, {r: vae(r) for r in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})}
-    )
-    return [f.factors[CALIBRATED_STACK] for f in C.held_out_fits(priced)]
+    return [f.factors[CALIBRATED_STACK] for f in C.held_out_fits(C.price_all(dits, vaes))]
 
 
-def ttnn_factors():
+def ttnn_factors(dits, vaes):
     """(explanation, the tt-xla factors fitted under it) for each explanation of the data movement under the
     TTNN-kernel pricing (`planner.calibration.move_rates`: moves at DRAM bandwidth, at the audit's rates)."""
-    from bench_calibration import dit, vae
-
     from planner import calibration as C
     from planner.hardware import CALIBRATED_STACK
 
-    res = sorted({r.resolution for r in C.PUBLISHED})
-    priced = C.price_all(
-        {r: dit(r) for r in res},
-        {r: vae(r) for r in sorted({r.resolution for r in C.PUBLISHED if "vae" in r.parts})},
-        "ttnn",
-    )
+    priced = C.price_all(dits, vaes, "ttnn")
     return [
         (name, C.fit(priced, move_efficiency=e).factors[CALIBRATED_STACK]) for name, e in C.move_rates(priced).items()
     ]
 
 
-def ttnn_seconds(g, plan, hw, factors) -> float:
-    """One forward of `plan` priced by what TTNN runs (`planner.calibration.forward_terms`, "ttnn") under `factors`."""
+def ttnn_terms(g, plan, hw):
+    """One forward of `plan` priced by what TTNN runs (`planner.calibration.forward_terms`, "ttnn"), as the terms
+    every explanation's factors scale."""
     from planner import calibration as C
 
-    scheme = C.Scheme("tt-xla", None, 1)
-    return C.forward_terms(g, plan, hw, C.STACKS["tt-xla"], scheme, 40, "ttnn").seconds(factors)
+    return C.forward_terms(g, plan, hw, C.STACKS["tt-xla"], C.Scheme("tt-xla", None, 1), 40, "ttnn")
 
 
 def run(spread: bool = True) -> dict:
+    from bench_calibration import graphs
+
     from planner import plan_graph
     from planner.autoplan import price_plan
     from planner.calibration import calibrated
@@ -121,11 +110,12 @@ def run(spread: bool = True) -> dict:
     from planner.mesh import parse_mesh
     from planner.plan import PlanError
 
-    factor_sets = spread_factors() if spread else []
-    explanations = ttnn_factors() if spread else []
+    dits, vaes = graphs() if spread else ({}, {})
+    factor_sets = spread_factors(dits, vaes) if spread else []
+    explanations = ttnn_factors(dits, vaes) if spread else []
     rows = []
     for res in ("480p", "720p"):
-        g = capture(res)
+        g = dits[res] if res in dits else capture(res)  # the calibration's capture where it made one
         for mesh_s, hw_name in CASES:
             mesh, hw = parse_mesh(mesh_s), get_profile(hw_name)
             roof = ideal_roofline(g, mesh, hw, 40)
@@ -167,10 +157,9 @@ def run(spread: bool = True) -> dict:
                 }
                 row["hand_over_auto"] = hand.step_seconds / ap.step_seconds
                 # the same two plans (not re-planned) priced by what TTNN runs, under each explanation's fit
-                row["ttnn"] = {
-                    name: ttnn_seconds(g, hand_experts, hw, f) / ttnn_seconds(g, auto, hw, f)
-                    for name, f in explanations
-                }
+                if explanations:
+                    th, ta = ttnn_terms(g, hand_experts, hw), ttnn_terms(g, auto, hw)
+                    row["ttnn"] = {name: th.seconds(f) / ta.seconds(f) for name, f in explanations}
                 ratios, auto_ms = [], []
                 for f in factor_sets:  # the same comparison under every held-out refit of the factors
                     hw_f = calibrated(hw, f, "leave-one-out refit")

@@ -108,7 +108,7 @@ class Kernels:
     typecast: int = 0
     move: int = 0  # reshape, permute, to_layout, slice, concat, pad, repeat, mesh_partition
     collective: int = 0
-    # what a move costs beside its launch: each reads this many bytes and writes as many back (`planner.ttnn_price`);
+    # what a move costs beside its launch: each reads this many bytes and writes as many back (`planner.calibration`, pricing "ttnn");
     # predicted only (a compiled histogram has no sizes), so not compared
     move_bytes: float = field(default=0.0, compare=False)
 
