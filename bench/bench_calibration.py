@@ -250,6 +250,8 @@ def _reading(out: dict) -> list[str]:
     """How to read the table: what each column means and what the fit can and cannot tell."""
     f = out["factors"]
     metal, xla = f["tt-metal"], f["tt-xla"]
+    audit = out["ttnn"]["audit"]
+    elt = audit["classes"]["eltwise"]
     return [
         "## How to read it",
         "",
@@ -271,9 +273,14 @@ def _reading(out: dict) -> list[str]:
         "- Rows that resist: the SP-padding row (not fitted): the seed measured 3.3 s for 81 `ttnn.slice_static`, "
         "70x their DRAM round trip; WH LoudBox's video (-24 % held out): its experts are loaded dynamically, host "
         "transfers the model does not see.",
-        "- What a device profile would settle: per-op TTNN kernel times of one tt-xla forward (is the glue one "
-        "DRAM round trip per op, at what efficiency; what does `slice_static` cost), and the achieved bandwidth of "
-        "each collective tt-mlir emits, by size: the two numbers this fit infers from end-to-end times.",
+        f"- What the audit's device profile settled: glue is not free. Its elementwise kernels take {elt['ms']:.0f} ms "
+        f"in {elt['count']:.0f} launches per forward ({elt['ms'] / elt['count']:.1f} ms each, the order of a DRAM "
+        f"round trip of the 1x4 stream), its data movement {audit['move_share']:.0%} of the device time; the "
+        "planner-op pricing's free views are what it contradicts most.",
+        "- What it did not settle: how fast *our* programs' moves run (it profiles tt-xla's baseline, not the fixed "
+        "program its row times: hence the three move efficiencies above), what `slice_static` costs, and the "
+        "achieved bandwidth of each collective tt-mlir emits, by size. A device profile of one of our compiled "
+        "programs would settle the first; per-size CCL timings of tt-mlir's collectives the last.",
     ]
 
 

@@ -149,3 +149,35 @@ def test_fused_attention_is_compiled_at_level_1_unless_a_conv3d_would_be_refused
     level, why = options(conv + sdpa)
     assert level == {"optimization_level": "0"} and "conv3d" in why and "patch_embed" in why
     assert options(conv) == ({"optimization_level": "0"}, "")
+
+
+def test_level_1_on_chips_whose_kernel_sources_the_plugin_lacks_falls_back_to_level_0_and_says_why(
+    tmp_path, monkeypatch
+):
+    """Level 1's op model JIT-builds each chip's kernels from the plugin's runtime assets; jax-tt-plugin 0.1.3
+    ships Blackhole's device headers only. A Wormhole compile is made at level 0 with the reason; a Blackhole
+    one, or one whose assets are not unpacked yet, is left at the level asked for."""
+    from wancompile.tt.worker import missing_kernel_sources
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert missing_kernel_sources("Wormhole_b0") == ""  # nothing unpacked: nothing to tell
+    (tmp_path / "libtt-tt-metal-runtime-assets-0" / "tt_metal/hw/inc/internal/tt-1xx/blackhole").mkdir(parents=True)
+    assert missing_kernel_sources("Blackhole") == ""
+    why = missing_kernel_sources("Wormhole_b0")
+    assert "tt-1xx/wormhole" in why and "level 0" in why
+
+
+@needs_tt
+@pytest.mark.slow
+def test_a_wormhole_system_compiles_the_hand_plan_at_level_0_with_its_collectives_and_refuses_its_scores():
+    """On wh-loudbox this plugin build cannot run level 1 (no Wormhole kernel sources): tt-check compiles the
+    bf16 DiT at level 0, says why, holds TTNN's collectives against the prediction (as predicted), and
+    refuses the score matrices of the attention it decomposed."""
+    report = _tt_check(
+        "--mesh", "2x4", "--plan", "tt-xla", "--dtype", "bfloat16", "--rewrites", "all", "--system", "wh-loudbox",
+    )  # fmt: skip
+    main = next(p for p in report["programs"] if p["program"] == "wan-dit")
+    assert main["compiled"] and not report["ok"]
+    assert main["options"] == {"optimization_level": "0"} and "tt-1xx/wormhole" in main["level_0_because"]
+    assert main["collectives"] and all(m["predicted_count"] == m["ttnn_count"] for m in main["collectives"])
+    assert main["score_matrices"] and all(x["fused_predicted"] for x in main["score_matrices"])

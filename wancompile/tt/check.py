@@ -247,8 +247,10 @@ def check_programs(
     out: list[ProgramCheck] = []
     for name, module in programs.items():
         options, why = compile_options(module)
-        compiled_with = dict(options=options, level_0_because=why)
         r, failure = _compile(module, desc, Path(out_dir) / f"{name}.{system}", options)
+        if r is not None and r.get("level_0_because"):  # the worker compiled at level 0: the chips need it
+            options, why = r["options"], r["level_0_because"]
+        compiled_with = dict(options=options, level_0_because=why)
         if r is None or not r["ok"]:
             seconds, peak = (r["seconds"], int(r.get("peak_rss_bytes", 0))) if r else (0.0, 0)
             out.append(ProgramCheck(name, system, False, failure, seconds, compiler_peak_bytes=peak, **compiled_with))

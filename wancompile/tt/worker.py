@@ -231,6 +231,10 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
         devs = [devices[int(i)] for i in picked.split(",")] if picked else devices[:n]
         if os.environ.get("WANCOMPILE_TT_SHOW_DEVICES"):
             print("DEVICES", [(d.id, getattr(d, "coords", None), str(d)) for d in devices], flush=True)
+        asked = json.loads(options_json)
+        why = missing_kernel_sources(devs[0].device_kind) if int(asked.get("optimization_level", "0")) >= 1 else ""
+        if why:
+            asked = {**asked, "optimization_level": "0"}
         metrics = os.path.join(export, "perf_metrics.json")
         options = compiler.get_compile_options(
             num_replicas=1,
@@ -240,7 +244,7 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
                 "export_path": export,
                 "export_model_name": "program",
                 "optimization_level": "0",
-                **json.loads(options_json),
+                **asked,
                 "ttnn_perf_metrics_enabled": "true",
                 "ttnn_perf_metrics_output_file": metrics,
             },
@@ -254,7 +258,8 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
             try:
                 compiler.backend_compile_and_load(backend, module, xc.DeviceList(tuple(devs)), options, [])
             except Exception as e:  # the plugin's error: its first line names the failing pass or op
-                return _result(False, _first_line(str(e)), time.time() - t, export)
+                failed = _result(False, _first_line(str(e)), time.time() - t, export)
+                return {**failed, "options": asked, "level_0_because": why}
             result = _result(True, "", time.time() - t, export)
             # a weight the plan gathers per use (FSDP), marked a parameter, is gathered once in a const-eval
             # function and kept whole: unmarked, its gather runs every call as the plan has it
@@ -264,7 +269,38 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
             unmarked |= hoisted
             with open(os.path.join(export, "compiled.tt.mlir"), "w") as f:  # the module as compiled
                 f.write(module.operation.get_asm(large_elements_limit=None, enable_debug_info=False))
-        return {**result, "parameter_arguments": len(parameters.marks(module)), "unmarked_arguments": sorted(unmarked)}
+        return {
+            **result,
+            "parameter_arguments": len(parameters.marks(module)),
+            "unmarked_arguments": sorted(unmarked),
+            "options": asked,
+            "level_0_because": why,
+        }
+
+
+# the chip family's folder of device headers in tt-metal's runtime assets, by PJRT device kind
+_ARCH_HEADERS = {"Wormhole_b0": "wormhole", "Blackhole": "blackhole"}
+
+
+def missing_kernel_sources(kind: str) -> str:
+    """Why this plugin build cannot compile `kind`'s chips at optimization_level >= 1, or "".
+
+    At level 1 tt-mlir's optimizer asks TTNN's op model about each op, and the op model JIT-builds the chips'
+    firmware and kernels with the RISC-V toolchain the plugin unpacks into ``$TMPDIR``. jax-tt-plugin 0.1.3's
+    assets hold Blackhole's device headers (``tt_metal/hw/inc/internal/tt-1xx/blackhole``) and its ``bh-ilp32``
+    multilib only, so every Wormhole build fails (``TT_THROW`` in ``jit_build/build.cpp``: ``bits/c++config.h``,
+    then ``eth_l1_address_map.h`` and ``tensix.h`` not found). Level 0 runs no op model and compiles."""
+    folder = _ARCH_HEADERS.get(kind)
+    assets = sorted(glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "libtt-tt-metal-runtime-assets-*")))
+    if folder is None or not assets:
+        return ""
+    if os.path.isdir(os.path.join(assets[-1], "tt_metal", "hw", "inc", "internal", "tt-1xx", folder)):
+        return ""
+    return (
+        f"{kind} kernel sources missing from this jax-tt-plugin build (its runtime assets have no tt-1xx/{folder} "
+        "device headers, and level 1's op model JIT-builds the chips' kernels), so fused attention is decomposed at "
+        "level 0; a plugin built with them compiles it at level 1"
+    )
 
 
 def _clear(export: str) -> None:
