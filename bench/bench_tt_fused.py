@@ -8,9 +8,9 @@ for the system, read back per block (`wancompile.tt.parts`), and compiled once m
 (what the pins cost). Columns: the model (``tiny``: T2V; ``wan-i2v``, ``wan-ti2v``: `wancompile.models.FAMILIES`)
 and plan; the system; the optimization level; per block (the same in every block unless two values are
 shown) the TTNN kernels ``scaled_dot_product_attention`` / ``softmax`` / ``layer_norm`` / ``rms_norm`` /
-``gelu``, and every kernel a block runs each call (all but ``deallocate`` and the const-eval loads, with its
+``gelu`` / ``rotary_embedding`` (the `rope` rewrite's form for tt-mlir), and every kernel a block runs each call (all but ``deallocate`` and the const-eval loads, with its
 ``to_layout`` copies in brackets) and the planner's count of them (`planner.ttnn_kernels`, its largest error over
-the blocks in brackets); the parameters handed over as parameters (tt-mlir computes what depends
+the blocks in brackets) and, for the block it misses most, both class by class; the parameters handed over as parameters (tt-mlir computes what depends
 on them alone once) and those the plan gathers per use; score matrices in the program; TTNN's collectives against the plan's; the pins against the
 unannotated program (per block: fusions lost or moves added that no reshard explains); PCC against eager
 fp32 (eager bf16's in brackets); compile seconds.
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 MODELS = ("tiny", "wan-i2v", "wan-ti2v")
 PLANS = (("auto, smallest budget", ["--tightest"]), ("tt-xla", ["--plan", "tt-xla"]))
 SYSTEMS = (("2x4", "bh-2x4"), ("8x4", "bh-galaxy"))
-KERNELS = ("scaled_dot_product_attention", "softmax", "layer_norm", "rms_norm", "gelu")
+KERNELS = ("scaled_dot_product_attention", "softmax", "layer_norm", "rms_norm", "gelu", "rotary_embedding")
 
 
 def _per_block(blocks: list[dict], op: str) -> str:
@@ -44,6 +44,16 @@ def _kernels_per_call(ops: dict) -> int:
     return sum(n for op, n in ops.items() if op not in ("ttnn.deallocate", "ttcore.load_cached"))
 
 
+def _by_class(m: dict) -> str:
+    """The block the count misses most, class by class: TTNN's kernels vs the planner's."""
+    counted = [k for k in m["kernels_by_block"] if k["predicted"]]
+    if not counted:
+        return "-"
+    worst = max(counted, key=lambda k: abs(k["predicted"]["total"] - k["compiled"]["total"]))
+    classes = ("fused", "matmul", "eltwise", "typecast", "move", "collective")
+    return " vs ".join("/".join(str(worst[side][c]) for c in classes) for side in ("compiled", "predicted"))
+
+
 def row(model: str, plan: str, flags: list[str], mesh: str, system: str) -> str:
     from _tt_check import tt_check
 
@@ -51,17 +61,17 @@ def row(model: str, plan: str, flags: list[str], mesh: str, system: str) -> str:
     r = tt_check(mesh, [*args, "--system", system])
     head = f"| {model} | {plan} | {system} ({mesh}) |"
     if "failed" in r:
-        return f"{head} **failed**: {r['failed']} | | | | | | | | | |"
+        return f"{head} **failed**: {r['failed']} | | | | | | | | | | |"
     m = next(p for p in r["programs"] if ".fold" not in p["program"])
     if not m["compiled"]:
-        return f"{head} **refused**: {m['error']} | | | | | | | | | |"
+        return f"{head} **refused**: {m['error']} | | | | | | | | | | |"
     blocks = [p["ops"] for p in m["ttnn_ops_by_part"] if p["part"].startswith("blocks.")]
     kernels = " / ".join(_per_block(blocks, k) for k in KERNELS)
     per_call = "-".join(map(str, sorted({_kernels_per_call(b) for b in blocks})))
     predicted = "-".join(map(str, sorted({k["predicted"]["total"] for k in m["kernels_by_block"] if k["predicted"]})))
     error = "" if m["kernel_error"] is None else f" ({100 * m['kernel_error']:.1f}%)"
     kernels += (
-        f" | {per_call} ({_per_block(blocks, 'to_layout')}) | {predicted or '-'}{error}"
+        f" | {per_call} ({_per_block(blocks, 'to_layout')}) | {predicted or '-'}{error} | {_by_class(m)}"
         f" | {m['parameter_arguments']} / {len(m['gathered_per_use'])}"
     )
     same = all(c["predicted_count"] == c["ttnn_count"] for c in m["collectives"])
@@ -80,11 +90,13 @@ def row(model: str, plan: str, flags: list[str], mesh: str, system: str) -> str:
 
 def main() -> None:
     print(
-        "| model | plan | system | level | per block: SDPA / softmax / LayerNorm / RMSNorm / GELU "
-        "| kernels per block per call (to_layout) | planner's count (error) | parameters marked / gathered per use | score matrices "
+        "| model | plan | system | level | per block: SDPA / softmax / LayerNorm / RMSNorm / GELU / RoPE "
+        "| kernels per block per call (to_layout) | planner's count (error) "
+        "| by class, TTNN vs planner: fused/matmul/eltwise/typecast/move/collective "
+        "| parameters marked / gathered per use | score matrices "
         "| TTNN collectives | pins vs unannotated | PCC vs eager fp32 (eager bf16) | compile, s |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for model in MODELS:
         for plan, flags in PLANS:
             for mesh, system in SYSTEMS:

@@ -81,6 +81,9 @@ class Target:
     # its compiler runs these op families as one fused kernel each when the program hands them over as composites
     # (`wancompile.composites`: tt-mlir's tenstorrent.* composites -> ttnn.scaled_dot_product_attention, ...)
     composites: tuple[str, ...] = ()
+    # its compiler fuses a rotate-half RoPE on [B, heads, tokens, head_dim] into one kernel (tt-mlir's
+    # RoPERotateHalfFusingPattern -> ttnn.rotary_embedding), so the `rope` rewrite writes that form
+    rotary_kernel: bool = False
 
     def halos_as(self, name: str) -> bool:
         """Whether target `name` gets a spatially split convolution's halo the way this one does (`spatial_halo`)."""
@@ -156,6 +159,7 @@ TARGETS = {
         results_in_mesh_order=True,
         exports_shardy=True,
         composites=("attention", "layer_norm", "rms_norm", "gelu"),
+        rotary_kernel=True,
         no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
         meshes=frozenset(
             {(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8)}

@@ -33,6 +33,13 @@ a chain of views                       one ``reshape`` where the shape a consume
                                        into or out of an attention is absorbed, any other a ``permute``
 cat, stack                             one ``concat``; on the last dim (RoPE's interleave) each operand and
                                        the result also change layout (``to_layout``)
+x * cos + cat([-x2, x1]) * sin         one fused ``rotary_embedding`` (the `rope` rewrite's form for tt-mlir,
+                                       on [B, heads, tokens, D]): its halves, negation, concat and
+                                       products are absorbed; a chip's tokens short of whole tiles are
+                                       cut back after it (``slice_static``)
+a reorder of the last dim's pairs      ``reshape``, ``permute``, ``reshape`` (unflatten, a rank-5 permute
+                                       swapping the last two dims, flatten); a [B, S, H, D] <-> [B, H, S, D]
+                                       transpose that the permute into an attention undoes: none
 a collective (the plan's, lowered)     its TTNN ops (`planner.targets.Target.lower`); a reduction of a tensor
                                        of rank other than 4 is reshaped to 4-D and back (``reshape`` x2); a
                                        weight gathered per use is first tiled (``to_layout``); an all-to-all's
@@ -72,6 +79,7 @@ _TTNN_CLASS = {
     "rms_norm": "fused",
     "gelu": "fused",
     "softmax": "fused",
+    "rotary_embedding": "fused",
     "linear": "matmul",
     "matmul": "matmul",
     "typecast": "typecast",
@@ -441,12 +449,16 @@ def block_kernels(
     # a collective at an op the stream does not feed runs beside the prologue (`per_call`)
     colls = [(c, at) for c, at in located if at is None or at.name in fed and at.name not in joined]
     ctx = _Ctx(graph, layouts, mesh, reduced, frozenset(fed), frozenset(n.name for n in nodes))
+    rotary, absorbed = _rotaries(graph, nodes)
     total = Kernels()
     for node in nodes:
+        if node.name in absorbed:
+            continue
+        if node.name in rotary:
+            total = total + _rotary(node, ctx)
+            continue
         if node.op in ("permute", "transpose"):
-            near = [graph[i] for i in node.inputs] + graph.users(node.name)
-            if not any(x.op == "scaled_dot_product_attention" for x in near):
-                total = total + _k(move=1, move_bytes=ctx.local_bytes(node.name))
+            total = total + _permute(graph, node, ctx)
             continue
         fn = _RULES.get(node.op)
         if fn is not None:
@@ -464,6 +476,106 @@ def block_kernels(
     for (v, b), a in slices.items():
         total = total + _k(move=len(b.axes) + 2, move_bytes=(len(b.axes) + 2) * ctx.local_bytes(v, a))
     return total
+
+
+def _rotaries(graph: Graph, nodes: list[Node]) -> tuple[set[str], set[str]]:
+    """The adds that tt-mlir fuses with what they read into one ``rotary_embedding`` (``x * cos + rotate_half(x) *
+    sin``, x of rank 4, rotate_half(x) = ``cat([-x[..., D/2:], x[..., :D/2]], -1)``), and the ops absorbed."""
+    made = {n.name: n for n in nodes}
+    rotary: set[str] = set()
+    absorbed: set[str] = set()
+    for node in nodes:
+        if node.op != "add" or len(node.inputs) != 2 or not all(i in made for i in node.inputs):
+            continue
+        products = [made[i] for i in node.inputs]
+        if any(p.op != "mul" for p in products):
+            continue
+        for cos_side, sin_side in (products, products[::-1]):
+            half = next((made[i] for i in sin_side.inputs if i in made and made[i].op in ("cat", "concat")), None)
+            x = _rotate_half_of(graph, half) if half is not None else None
+            if x is not None and x in cos_side.inputs and len(graph[x].out.shape) == 4:
+                neg, lo = (graph[i] for i in half.inputs)
+                rotary.add(node.name)
+                absorbed.update({cos_side.name, sin_side.name, half.name, neg.name, neg.inputs[0], lo.name})
+                break
+    return rotary, absorbed
+
+
+def _rotary(node: Node, ctx: _Ctx) -> Kernels:
+    """One ``rotary_embedding``; where each chip's tokens are not a whole number of tiles, it writes them padded
+    to one and a ``slice_static`` cuts them back (measured: 16 tokens a chip, TI2V's auto plan on 2x4)."""
+    lays = ctx.layouts.get(node.name)
+    tokens = local_shape(node.out.shape, lays[0] if lays else None, ctx.mesh)[-2]
+    if isinstance(tokens, int) and tokens % TILE:
+        return _k(fused=1, move=1, move_bytes=ctx.local_bytes(node.name))
+    return _k(fused=1)
+
+
+def _rotate_half_of(graph: Graph, cat: Node) -> Optional[str]:
+    """x where `cat` is ``cat([-x[..., D/2:], x[..., :D/2]], -1)``, else None."""
+    if len(cat.inputs) != 2:
+        return None
+    neg, lo = (graph[i] for i in cat.inputs)
+    if neg.op != "neg" or lo.op != "getitem":
+        return None
+    hi = graph[neg.inputs[0]]
+    if hi.op != "getitem" or hi.inputs[:1] != lo.inputs[:1]:
+        return None
+    return lo.inputs[0]
+
+
+def _permute(graph: Graph, node: Node, ctx: _Ctx) -> Kernels:
+    """A permute's kernels: none into or out of an attention (absorbed); a rank-5 swap of the last two dims (a
+    reorder of the last dim's pairs) a ``reshape``, ``permute``, ``reshape``; a transpose of dims 1 and 2 beside
+    such a reorder none (merged into it); any other one ``permute``."""
+    near = [graph[i] for i in node.inputs] + graph.users(node.name)
+    if any(x.op == "scaled_dot_product_attention" for x in near):
+        return _k()
+    if _pair_swap(node):
+        return _k(move=3, move_bytes=3 * ctx.local_bytes(node.name))
+    if _merged_transpose(graph, node):
+        return _k()
+    return _k(move=1, move_bytes=ctx.local_bytes(node.name))
+
+
+def _merged_transpose(graph: Graph, node: Node) -> bool:
+    """A [B, S, H, D] <-> [B, H, S, D] transpose tt-mlir does not run: the permute into an attention its value
+    reaches through casts undoes it."""
+    if not _swaps(node, 1, 2):
+        return False
+    todo = [node]
+    while todo:
+        x = todo.pop()
+        for u in graph.users(x.name):
+            if u.inputs[:1] != (x.name,):
+                continue  # reads x's dtype (``other.type_as(x)``), not its value
+            if u.op in CASTS:
+                todo.append(u)
+            elif u.op in ("permute", "transpose") and any(
+                w.op == "scaled_dot_product_attention" for w in graph.users(u.name)
+            ):
+                return True
+    return False
+
+
+def _swaps(node: Node, a: int, b: int) -> bool:
+    rank = len(node.out.shape) if node.outputs else 0
+    if node.op == "transpose":
+        dims = {node.arg(1, "dim0") % rank, node.arg(2, "dim1") % rank} if rank else set()
+        return dims == {a % rank, b % rank} if rank else False
+    return False
+
+
+def _pair_swap(node: Node) -> bool:
+    """A rank-5 permute that swaps the last two dims (the rope rewrite's reorder of the head dim's pairs, which
+    may also swap tokens and heads)."""
+    if not node.outputs or len(node.out.shape) != 5:
+        return False
+    if node.op == "transpose":
+        return _swaps(node, -1, -2)
+    dims = node.arg(1, "dims")
+    dims = tuple(dims) if isinstance(dims, (list, tuple)) else tuple(node.attrs.get("args", [None])[1:])
+    return node.op == "permute" and len(dims) == 5 and tuple(d % 5 for d in dims[3:]) == (4, 3)
 
 
 def _local_slice(a: Layout, b: Layout, mesh: MeshSpec) -> bool:

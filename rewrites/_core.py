@@ -25,6 +25,9 @@ class RewriteContext:
     """What the passes need to know about the target that the graph cannot tell them."""
 
     sp_multiple: int = 1  # sp_pad pads the token dim to a multiple of this; 1 turns it off
+    # the target's compiler runs a rotate-half RoPE on [B, heads, tokens, head_dim] as one kernel (tt-mlir:
+    # ttnn.rotary_embedding), so rope writes that form
+    rotary_kernel: bool = False
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,33 @@ the ``.to`` is the same rounding the write into ``out`` did (the tables are floa
 the halves are float64 and ``out`` is x's dtype). The ``.to`` is left out when the dtypes agree.
 No scatter (setitem on a strided slice) and no ``empty_like`` remain for the partitioner.
 
+For a target whose compiler fuses RoPE (``context.rotary_kernel``: tt-mlir, whose
+``RoPERotateHalfFusingPattern`` makes ``x * cos + rotate_half(x) * sin`` on ``[B, heads, tokens, D]`` one
+``ttnn.rotary_embedding``), Wan's form (the halves ``x1 * cos - x2 * sin`` and ``x1 * sin + x2 * cos`` of
+``x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)``, x of rank 4) is written in that kernel's terms instead::
+
+    xt = x.unflatten(-1, (-1, 2)).permute(0, 2, 1, 4, 3).flatten(-2)   # [B, H, S, D], [evens | odds] per head
+    xt = xt.to(promoted)                        # the dtype the halves are computed in (none where it is x's)
+    c = cat([cos.transpose(1, 2)] * 2, -1); s = cat([sin.transpose(1, 2)] * 2, -1)
+    r = xt * c + cat([-xt[..., D/2:], xt[..., :D/2]], -1) * s
+    out = r.unflatten(-1, (2, -1)).permute(0, 2, 1, 4, 3).flatten(-2).to(x.dtype)       # [B, S, H, D], lanes
+
+(one permute each way: tt-mlir runs a reshape, a permute and a reshape for each).
+
+Exactly equal as well: lane i < D/2 of ``r`` is ``x1*cos + (-x2)*sin``, i.e. ``x1*cos - x2*sin`` (IEEE
+negation is exact), lane D/2 + i is ``x2*cos + x1*sin``, the odd value with its sum's terms swapped
+(addition commutes), and the reorders put them back in the even and odd lanes.
+
+Then, where an attention's query and key were both rotated so and neither is used otherwise (past casts and the
+[B, S, H, D] <-> [B, H, S, D] permutes; ``other.type_as(q)`` reads only q's dtype), both stay in halves order:
+the reorder back is dropped (`_keep_halves`): ``r.to(x.dtype).transpose(1, 2)``, whose transpose the attention's
+own permute to heads-first undoes (tt-mlir runs neither). The scores are the same sums of the same products, ``q . k``
+over one permutation of the head dim on both sides, so the attention's output differs only by the order of
+that sum (fp32 DiTs: max-abs 4e-7 on outputs of magnitude 2). Wan's self-attention is such a pair in every
+family; its cross-attention reads no RoPE. On tt-mlir the tiny DiT's block runs 120 TTNN kernels instead of
+148 (docs/tenstorrent.md); tt-xla's PERF_AUDIT measured the stack form ~580 ms slower than diffusers'
+strided writes on one A14B block, where a half-rotation form with both reorders was 190 ms faster.
+
 A hand matcher, not `rewrites._pattern`: the pattern is two in-place writes into a buffer, which no
 dataflow path from the output reaches (``torch.fx.subgraph_rewriter`` rejects a pattern whose nodes
 have no users), and it holds only if ``out`` is not read between the writes, an ordering condition.
@@ -26,17 +53,22 @@ have no users), and it holds only if ``out`` is not read between the writes, an 
 from __future__ import annotations
 
 import operator
+from dataclasses import dataclass
 from functools import partial
+from typing import Optional
 
 import torch
 import torch.fx as fx
 
 from ._core import (
+    SDPA,
     Emitter,
     RewriteContext,
     RewriteReport,
     Skip,
     calls,
+    calls_method,
+    finish,
     module_path,
     replace,
     rewrite_each,
@@ -51,14 +83,24 @@ ODD = (Ellipsis, slice(1, None, 2))
 
 def rope_without_scatter(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
     order = {node: i for i, node in enumerate(gm.graph.nodes)}
+    rotaries: list[_Back] = []
 
     def unscatter(out: fx.Node) -> None:
-        _rewrite(gm.graph, out, *_writes(out, order), order)
+        even, odd = _writes(out, order)
+        operands = _wan_rotation(even, odd) if context.rotary_kernel else None
+        if operands is not None:
+            rotaries.append(_rotate_half(gm.graph, out, even, odd, order, *operands))
+        else:
+            _rewrite(gm.graph, out, even, odd, order)
 
     buffers = [
         n for n in gm.graph.nodes if calls(n, torch.empty_like) and any(calls(u, operator.setitem) for u in n.users)
     ]
-    return rewrite_each(gm, "rope", ((module_path(n), partial(unscatter, n)) for n in buffers))
+    done = rewrite_each(gm, "rope", ((module_path(n), partial(unscatter, n)) for n in buffers))
+    if rotaries:
+        _keep_halves(gm.graph, rotaries)
+        finish(gm)
+    return done
 
 
 register(
@@ -107,6 +149,149 @@ def _rewrite(graph: fx.Graph, out: fx.Node, even: fx.Node, odd: fx.Node, order: 
     graph.erase_node(even)
     graph.erase_node(odd)
     replace(out, lanes)
+
+
+def _wan_rotation(even: fx.Node, odd: fx.Node) -> Optional[tuple[fx.Node, fx.Node, fx.Node]]:
+    """(x, cos, sin) where the two writes are Wan's rotation of a rank-4 x, else None (the stack form is written)."""
+    a, b = even.args[2], odd.args[2]
+    if not (calls(a, operator.sub) and calls(b, operator.add)):
+        return None
+    products = [m for m in (*a.args, *b.args) if isinstance(m, fx.Node) and calls(m, operator.mul)]
+    if len(products) != 4:
+        return None
+    (x1, cos), (x2, sin), sin_x1, cos_x2 = (tuple(m.args) for m in products)
+    if sin_x1 != (x1, sin) or cos_x2 != (x2, cos):
+        return None
+    picks = [x1, x2]
+    if not all(isinstance(p, fx.Node) and calls(p, operator.getitem) for p in picks):
+        return None
+    unbind = x1.args[0]
+    if x2.args[0] is not unbind or (x1.args[1], x2.args[1]) != (0, 1) or not calls_method(unbind, "unbind"):
+        return None
+    pairs = unbind.args[0]
+    if unbind.args[1:] not in ((-1,), ()) and unbind.kwargs.get("dim", -1) != -1:
+        return None
+    if not (calls_method(pairs, "unflatten") and tuple(pairs.args[1:]) == (-1, (-1, 2))):
+        return None
+    x = pairs.args[0]
+    if not all(isinstance(t, fx.Node) and len(shape(t)) == 4 for t in (x, cos, sin)):
+        return None
+    return x, cos, sin
+
+
+def _rotate_half(
+    graph: fx.Graph, out: fx.Node, even: fx.Node, odd: fx.Node, order: dict, x: fx.Node, cos: fx.Node, sin: fx.Node
+) -> "_Back":
+    last = max(even, odd, key=order.__getitem__)
+    emit = Emitter(graph, last, out, after=True)
+    half = shape(x)[-1] // 2
+    # [B, S, H, D/2, 2] -> [B, H, S, 2, D/2]: heads first and the pairs' lanes apart, in one permute
+    xt = emit.method("flatten", emit.method("permute", emit.method("unflatten", x, -1, (half, 2)), *_APART), -2)
+    computed = torch.promote_types(value(x).dtype, value(cos).dtype)
+    if value(xt).dtype != computed:
+        xt = emit.method("to", xt, computed)
+    tables = [emit.method("transpose", t, 1, 2) for t in (cos, sin)]
+    c, s = (emit.call(torch.cat, [t, t], -1) for t in tables)
+    upper = emit.call(operator.neg, emit.getitem(xt, (Ellipsis, slice(half, None))))
+    rotated = emit.call(torch.cat, [upper, emit.getitem(xt, (Ellipsis, slice(None, half)))], -1)
+    r = emit.call(operator.add, emit.call(operator.mul, xt, c), emit.call(operator.mul, rotated, s), name="rotary")
+    pairs = emit.method("unflatten", r, -1, (2, half))
+    swap = emit.method("permute", pairs, *_APART)  # its own inverse
+    result = emit.method("flatten", swap, -2)
+    chain = (result, swap, pairs)
+    if value(result).dtype != value(out).dtype:
+        result = emit.method("to", result, value(out).dtype)
+        chain = (result, *chain)
+    reorder = _Back(r, chain)
+    halves = [even.args[2], odd.args[2]]
+    graph.erase_node(even)
+    graph.erase_node(odd)
+    replace(out, result)
+    # the diffusers rotation it replaces, users before what they read (the tables stay: the new form reads them)
+    products = [m for h in halves for m in h.args]
+    picks = list(dict.fromkeys(m.args[0] for m in products))
+    unbind = picks[0].args[0]
+    for node in dict.fromkeys([*halves, *products, *picks, unbind, unbind.args[0]]):
+        if not node.users:
+            graph.erase_node(node)
+    return reorder
+
+
+@dataclass(frozen=True)
+class _Back:
+    """A rotary site's way back to diffusers' layout: the rotation `rotary` ([B, H, S, D], halves order) and the
+    ops from it back to [B, S, H, D] in lane order (users first; the first is what the rest of the graph reads)."""
+
+    rotary: fx.Node
+    chain: tuple[fx.Node, ...]
+
+
+_APART = (0, 2, 1, 4, 3)  # [B, S, H, D/2, 2] <-> [B, H, S, 2, D/2]
+
+
+# ops a rotated q or k passes through on its way into an attention that neither mix nor cut the head dim
+_CARRY = {"type_as", "to", "float", "contiguous"}
+
+
+def _carried(node: fx.Node) -> bool:
+    if calls_method(node, "permute"):
+        return tuple(node.args[1:]) == (0, 2, 1, 3)
+    if calls_method(node, "transpose"):
+        return sorted(d % 4 for d in node.args[1:]) == [1, 2]
+    return node.op == "call_method" and node.target in _CARRY
+
+
+def _attentions(start: fx.Node) -> Optional[list[tuple[fx.Node, str]]]:
+    """(attention, "query" | "key") for every use of `start`'s value, past `_carried` ops; None where some use
+    is anything else (a value, a mask, another op)."""
+    found, todo = [], [start]
+    while todo:
+        node = todo.pop()
+        for user in node.users:
+            if calls(user, SDPA):
+                query = user.kwargs.get("query", user.args[0] if user.args else None)
+                key = user.kwargs.get("key", user.args[1] if len(user.args) > 1 else None)
+                if node is not query and node is not key or node is query and node is key:
+                    return None
+                found.append((user, "query" if node is query else "key"))
+            elif _carried(user) and user.args[0] is node:
+                todo.append(user)
+            elif calls_method(user, "type_as") and node not in user.args[:1]:
+                continue  # `other.type_as(q)` reads q's dtype only (diffusers casts the attention's output so)
+            else:
+                return None
+    return found
+
+
+def _keep_halves(graph: fx.Graph, rotaries: list["_Back"]) -> None:
+    """Leave q and k in halves order where they meet only each other: an attention whose query and key were
+    both rotated here, and nothing else, sees the same scores with both heads' dims in one order
+    (q . k sums the same products), so the reorder back of each is dropped."""
+    uses = {b: _attentions(b.chain[0]) for b in rotaries}
+    keep = {b for b, found in uses.items() if found}
+    while True:
+        by_role: dict[fx.Node, dict[str, set]] = {}
+        for b in keep:
+            for att, role in uses[b]:
+                by_role.setdefault(att, {}).setdefault(role, set()).add(b)
+        # an attention keeps its operands' order only when both come from kept rotaries
+        lost = {b for b in keep for att, _ in uses[b] if set(by_role[att]) != {"query", "key"}}
+        lost |= {b for b in keep for att, _ in uses[b] if not _both_rotated(att, by_role[att])}
+        if not lost:
+            break
+        keep -= lost
+    for b in keep:  # cast where the reorder back was, then only the heads back in place (the attention's own
+        end = b.chain[0]  # permute undoes that transpose: tt-mlir drops the pair)
+        emit = Emitter(graph, b.rotary, end, after=True)
+        cast = b.rotary if value(end).dtype == value(b.rotary).dtype else emit.method("to", b.rotary, value(end).dtype)
+        end.replace_all_uses_with(emit.method("transpose", cast, 1, 2))
+        for node in b.chain:
+            graph.erase_node(node)
+
+
+def _both_rotated(att: fx.Node, roles: dict[str, set]) -> bool:
+    """Every query and key operand of `att` traces to a kept rotary (one each)."""
+    return all(len(roles.get(r, ())) == 1 for r in ("query", "key"))
 
 
 def _shape_of(node) -> object:

@@ -22,10 +22,11 @@ def _kernels(ttnn_ir: str) -> collections.Counter:
 @needs_tt
 @pytest.mark.slow
 def test_bf16_auto_plan_runs_fused_attention_norms_and_gelu_through_tt_mlir_as_predicted():
-    """The tiny DiT (2 blocks: 4 attention calls, 7 LayerNorms, 8 RMSNorms of q/k, 3 GELUs) as a pipeline loads
+    """The tiny DiT (2 blocks: 4 attention calls, 7 LayerNorms, 8 RMSNorms of q/k, 3 GELUs, 4 RoPEs) as a pipeline loads
     it (bf16), the auto plan at its smallest budget on 2x4, compiled for bh-2x4: every attention call is one
     ``ttnn.scaled_dot_product_attention`` (no softmax left: no score matrix), every LayerNorm and GELU one
-    kernel, the RMSNorms whose normalized dim the plan keeps whole one ``ttnn.rms_norm`` (the plan splits the
+    kernel, each RoPE one ``ttnn.rotary_embedding`` (the ``rope`` rewrite's form for tt-mlir), the RMSNorms whose
+    normalized dim the plan keeps whole one ``ttnn.rms_norm`` (the plan splits the
     other 4 over ``batch``: they stay decomposed, their statistic all-reduced, as predicted); TTNN's
     collectives are the predicted ones; the program was compiled at optimization_level 1 (the level at which
     tt-mlir keeps fused attention)."""
@@ -40,12 +41,19 @@ def test_bf16_auto_plan_runs_fused_attention_norms_and_gelu_through_tt_mlir_as_p
     # no reshape, permute or layout copy more than the reshards need (a linear reduced before its bias is one)
     assert main["pins_clean"] and report["ok"], main["pin_costs"]
     for cost in main["pin_costs"]:
-        for kernel in ("ttnn.scaled_dot_product_attention", "ttnn.layer_norm", "ttnn.rms_norm", "ttnn.gelu"):
+        for kernel in (
+            "ttnn.scaled_dot_product_attention",
+            "ttnn.layer_norm",
+            "ttnn.rms_norm",
+            "ttnn.gelu",
+            "ttnn.rotary_embedding",
+        ):
             pinned, bare = cost["kernels"].get(kernel, [0, 0])
             assert pinned == bare, (cost["part"], kernel, pinned, bare)
     k = _kernels(main["ttnn_ir"])
     assert k["ttnn.scaled_dot_product_attention"] == 4 and k["ttnn.softmax"] == 0, k
     assert k["ttnn.layer_norm"] == 7 and k["ttnn.gelu"] == 3 and k["ttnn.rms_norm"] == 4, k
+    assert k["ttnn.rotary_embedding"] == 4, k  # q's and k's RoPE in each block: the rope rewrite's rotary form
     # eager bf16 of this model is PCC 0.999985 / max-abs 0.0103 from eager fp32 (tests/test_bf16.py): within 2x
     eager_bf16_error = 1 - 0.999985
     assert 1 - report["pcc"] <= 2 * eager_bf16_error and report["max_abs"] <= 2 * 0.0103, report

@@ -28,6 +28,36 @@ def bf16_graph():
     return capture_module(model, **inputs, return_dict=False, model="tiny")[0]
 
 
+def _rope_graph(rotary_kernel: bool):
+    """The tiny bf16 DiT after the `rope` rewrite, in the stack form or the rotary form it writes for tt-mlir."""
+    from rewrites import RewriteContext, apply_rewrites
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.models import as_loaded, build_transformer, transformer_inputs
+
+    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
+    inputs = {
+        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in transformer_inputs("tiny", "tiny", 9).items()
+    }
+    gm = capture_fx(model, **inputs, return_dict=False)
+    apply_rewrites(gm, ["rope"], RewriteContext(rotary_kernel=rotary_kernel))
+    gm.recompile()
+    return annotate(gm, model="tiny")
+
+
+def test_the_rotary_form_of_rope_is_one_fused_kernel_and_fewer_moves_than_the_stack():
+    """The `rope` rewrite's form for tt-mlir (x * cos + rotate_half(x) * sin on [B, heads, tokens, D]) is one
+    ``ttnn.rotary_embedding`` per q and k: 2 more fused kernels a block, its products, halves and concat absorbed,
+    each reorder of the head dim's pairs a reshape, permute and reshape. The stack form's last-dim stack and the
+    strided halves cost more moves and elementwise kernels (tt-mlir: 148 -> 126 kernels a block, tt-fused.md)."""
+    stack, rotary = (
+        plan_kernels(g, plan_graph(g, parse_mesh("1x1"), target="tt-mlir"))[0] for g in map(_rope_graph, (False, True))
+    )
+    assert rotary.fused == stack.fused + 2
+    assert (rotary.matmul, rotary.collective) == (stack.matmul, stack.collective)
+    assert rotary.eltwise < stack.eltwise and rotary.move < stack.move and rotary.total < stack.total
+
+
 def test_a_compiled_block_is_counted_by_kernel_class():
     """Deallocations and const-eval loads are no kernels; layout moves and slices are data movement; any TTNN op
     not named is one elementwise kernel."""

@@ -194,7 +194,8 @@ def rewrite_graph(
 ) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
     """Run the `rewrites` (pass names) on a copy of dynamo's graph, as the backend does before
     planning; sp_pad pads tokens to a multiple of the SP degree (the first axis of the request's mesh)
-    times the hardware's tile. Returns the graph and the records a plan made for it carries."""
+    times the hardware's tile; rope writes the form the target fuses (`Target.rotary_kernel`). Returns the graph
+    and the records a plan made for it carries."""
     if not rewrites:
         return gm, ()
     from rewrites import RewriteContext, apply_rewrites
@@ -202,7 +203,8 @@ def rewrite_graph(
     mesh = request.mesh
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
-    gm, reports = apply_rewrites(gm, rewrites, RewriteContext(sp_multiple=sp * request.hw.tile))
+    context = RewriteContext(sp_multiple=sp * request.hw.tile, rotary_kernel=request.target.rotary_kernel)
+    gm, reports = apply_rewrites(gm, rewrites, context)
     gm.recompile()
     for r in reports:  # a pass that left a candidate unchanged says so (and the plan records it)
         for reason in r.skipped:

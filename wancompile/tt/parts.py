@@ -190,7 +190,14 @@ def score_matrices(
 COLLECTIVE_OPS = frozenset({f"ttnn.{k}" for k in _KIND} | {"ttnn.mesh_partition"})
 MOVES = ("ttnn.reshape", "ttnn.permute", "ttnn.to_layout")
 # the kernels tt-mlir's patterns make of several ops (a linear: matmul + bias, its activation too)
-FUSED_KERNELS = ("ttnn.scaled_dot_product_attention", "ttnn.layer_norm", "ttnn.rms_norm", "ttnn.gelu", "ttnn.linear")
+FUSED_KERNELS = (
+    "ttnn.scaled_dot_product_attention",
+    "ttnn.layer_norm",
+    "ttnn.rms_norm",
+    "ttnn.gelu",
+    "ttnn.rotary_embedding",
+    "ttnn.linear",
+)
 _THROUGH = frozenset(MOVES) | {"ttnn.typecast"}  # what a collective's operand passes through on its way
 _REDUCTIONS = frozenset({"ttnn.all_reduce", "ttnn.reduce_scatter"})
 
