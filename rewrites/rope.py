@@ -275,8 +275,7 @@ def _keep_halves(graph: fx.Graph, rotaries: list["_Back"]) -> None:
             for att, role in uses[b]:
                 by_role.setdefault(att, {}).setdefault(role, set()).add(b)
         # an attention keeps its operands' order only when both come from kept rotaries
-        lost = {b for b in keep for att, _ in uses[b] if set(by_role[att]) != {"query", "key"}}
-        lost |= {b for b in keep for att, _ in uses[b] if not _both_rotated(att, by_role[att])}
+        lost = {b for b in keep for att, _ in uses[b] if not _both_rotated(by_role[att])}
         if not lost:
             break
         keep -= lost
@@ -289,8 +288,8 @@ def _keep_halves(graph: fx.Graph, rotaries: list["_Back"]) -> None:
             graph.erase_node(node)
 
 
-def _both_rotated(att: fx.Node, roles: dict[str, set]) -> bool:
-    """Every query and key operand of `att` traces to a kept rotary (one each)."""
+def _both_rotated(roles: dict[str, set]) -> bool:
+    """An attention's query and key each trace to one kept rotary (`roles`: role -> the rotaries)."""
     return all(len(roles.get(r, ())) == 1 for r in ("query", "key"))
 
 
