@@ -5,7 +5,8 @@ Columns: the case (its id spells out the config, mesh and budget), the plan's st
 macros, the Tenstorrent system tt-mlir compiled it for, the TTNN collectives (all kinds, point-to-point
 transfers counted one by one) and whether they equal the plan's prediction per kind and chip-mesh axis,
 the TTNN program's peak DRAM per chip (as allocated, 32x32 tiles and all) beside the planner's estimate,
-PCC against eager fp32 (bf16 cases: eager bf16's own in brackets), and what is wrong (tt_fuzz_cases.judge).
+PCC against eager fp32 (bf16 cases: eager bf16's own in brackets; they are compiled with every rewrite, as a
+pipeline would be for tt-mlir), and what is wrong (tt_fuzz_cases.judge).
 
     PYTHONPATH=. python bench/bench_tt_fuzz.py [--seed N] [--write]
 

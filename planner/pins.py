@@ -173,10 +173,10 @@ def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, targ
     return tuple(out)
 
 
-def graph_events(graph: Graph, plan: Plan, request: Request = None, target=None) -> Counter:
+def graph_events(graph: Graph, plan: Plan, request: Request = None, target=None, generic: bool = True) -> Counter:
     """{(kind, axes, bytes, generic place): count} of the collectives of the whole of `graph` under `plan`
     (its parameter specs and activation pins), as `target`'s partitioner compiles its reshards (None:
-    GSPMD's); `request` as `pin_layouts`'."""
+    GSPMD's); `request` as `pin_layouts`'. `generic=False`: each at its own place (``blocks.3...``)."""
     req = _request(plan, request)
     forced, copies = plan.constraint_layouts(graph)
     boundary = {p.name: (Layout.from_spec(plan.params[p.param]),) for p in graph.params() if p.param in plan.params}
@@ -192,7 +192,7 @@ def graph_events(graph: Graph, plan: Plan, request: Request = None, target=None)
         target=target,
         halo=req.target.spatial_halo,
     )
-    return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where)) for e in ev.events)
+    return Counter((e.kind, e.axes, e.bytes, graph.generic(e.where) if generic else e.where) for e in ev.events)
 
 
 def graph_collectives(graph: Graph, plan: Plan, request: Request = None) -> tuple[Collective, ...]:

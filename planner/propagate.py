@@ -91,7 +91,8 @@ def evaluate(
             other outside value is taken as replicated.
         forced: node name -> layout its (first) output is constrained to after the op.
         forced_inputs: (node name, input index) -> layout of the copy of that input the node reads
-            (the value's other readers keep its layout), as the lowering inserts it.
+            (the value's other readers keep its layout), as the lowering inserts it: one copy, and one
+            reshard, for every reader of a value in one layout.
         values: example sizes for symbolic dims (costs need numbers; guards keep the symbols).
         target: reshards as this partitioner compiles them (`redistribute`), and no all-reduce read
             as a reduce-scatter where the target does not fuse the pair (``None``: GSPMD).
@@ -101,6 +102,7 @@ def evaluate(
     ev = Evaluation()
     ev.layouts.update(boundary)
     reduced: dict[str, int] = {}  # node -> index of the all-reduce of its partial sums in ev.events
+    copied: set[tuple[str, Layout]] = set()  # (value, layout) of the input copies made so far
 
     def charge(kind: str, axes: tuple[str, ...], shape: tuple, itemsize: int, where: str, reason: str) -> None:
         nbytes = _bytes(shape, itemsize, values)
@@ -119,6 +121,10 @@ def evaluate(
             want = forced_inputs.get((node.name, i))
             if want is None or have is None:
                 continue
+            if (node.inputs[i], want) in copied:  # readers of one value in one layout share the lowering's copy
+                ins[i] = want
+                continue
+            copied.add((node.inputs[i], want))
             where, why = (
                 str(graph[node.inputs[i]].location),
                 f"activation constraint on {node.inputs[i]} read by {node.op}",

@@ -623,13 +623,31 @@ def _gathers_weight(c: Collective, at: Node, layouts: Mapping[str, tuple[Layout,
     return bool(lays) and bool(set(c.axes) & set(lays[0].axes))
 
 
+def _own_collectives(graph: Graph, plan: Plan, stack: str, root: str) -> dict[int, list[Collective]]:
+    """Block index -> its collectives as the plan's target compiles them (`Target.lower`), each at the
+    representative block's place (`root`)."""
+    from planner.pins import graph_events
+    from planner.request import PlanRequest
+
+    target = PlanRequest.for_plan(plan).target
+    by_block: dict[int, list[Collective]] = {}
+    for (kind, axes, nbytes, where), n in graph_events(graph, plan, None, target, generic=False).items():
+        at = plan.block_of(where)
+        if at is not None and at[0] == stack:
+            by_block.setdefault(at[1], []).append(Collective(kind, axes, nbytes, n, root + at[2]))
+    return {k: list(target.lower(cs, plan.mesh)) for k, cs in by_block.items()}
+
+
 def plan_kernels(graph: Graph, plan: Plan, num_blocks: Optional[int] = None) -> dict[int, Kernels]:
     """Block index -> the TTNN kernels that block of `graph`'s main stack runs per call under `plan` (a
     ``tt-mlir`` plan; `block_kernels`): each run of blocks that share their decisions (`forward.block_runs`)
     counted at the representative block with that run's layouts and its collectives: those the plan names at
     one of the run's blocks, and its share of those it names for every block (``blocks.*``: a plan sums them
     over the blocks, so they are shared among the blocks of the runs whose evaluation makes them, as an
-    FSDP block range's gathers are its blocks' alone). `num_blocks`: the blocks of the model (default: the plan's)."""
+    FSDP block range's gathers are its blocks' alone). Where `graph` holds every block, each block's
+    collectives are its own, as the whole graph's evaluation places them (`planner.pins.graph_events`: the
+    next block's entry reshard is made at this block's output; the last block's is read by the output
+    instead). `num_blocks`: the blocks of the model (default: the plan's)."""
     from planner.forward import block_runs, evaluate_forward
     from planner.request import PlanRequest
     from planner.structure import dit_graph, family_of, find_structure
@@ -648,11 +666,15 @@ def plan_kernels(graph: Graph, plan: Plan, num_blocks: Optional[int] = None) -> 
             made_in.setdefault((e.kind, graph.generic(e.where).split(":")[0]), set()).add(part - 1)
     rep = [x for x in graph if st.in_rep(graph, x)]
     lowered = plan.predicted_by_partitioner()[plan.target]
+    own = _own_collectives(graph, plan, stack, st.root) if st.captured_blocks == n else None
     out: dict[int, Kernels] = {}
     for r, ((_, run), (ev, _)) in enumerate(zip(runs, fwd.parts[1:-1])):
         reshards = [(graph[x].inputs[i], ev.layouts[graph[x].inputs[i]][0], lay) for (x, i), lay in ev.required.items()]
         reshards += [(x, lay, ev.layouts[x][0]) for x, lay in ev.unforced.items()]
         for k in run:
+            if own is not None:
+                out[k] = block_kernels(graph, rep, ev.layouts, plan.mesh, own.get(k, []), reshards)
+                continue
             mine = []
             for c in lowered:
                 at = plan.block_of(c.where)

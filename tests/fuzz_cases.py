@@ -207,9 +207,11 @@ def run_case(c: FuzzCase, target: Optional[str] = None) -> dict:
     row: dict = {"id": c.id, "tokens": c.tokens}
     planned = {"target": target} if target else {}
     if target == "tt-mlir" and c.dtype == "bfloat16":
-        # bf16 hands tt-mlir fused attention, kept only at optimization_level 1, which refuses the patch-embed
-        # conv3d: the patch_embed rewrite makes it a Linear (wancompile.tt.check.compile_options)
-        planned["rewrites"] = "patch_embed"
+        # bf16 is how a pipeline hands tt-mlir its model: with every rewrite (the rotary form tt-mlir fuses, q/k/v
+        # as one matmul, ...), and patch_embed is needed anyway: bf16 hands tt-mlir fused attention, kept only at
+        # optimization_level 1, which refuses the patch-embed conv3d (wancompile.tt.check.compile_options).
+        # float32 cases keep the default (no rewrite).
+        planned["rewrites"] = "all"
 
     def refusal(memory_gb: float) -> Optional[Exception]:
         try:

@@ -162,3 +162,31 @@ def test_a_fold_program_xla_serves_from_its_cache_finds_the_hlo_compiled_first()
     assert first.fold.graph_hash == second.fold.graph_hash
     assert first.fold_hlo_path is not None and second.fold_hlo_path == first.fold_hlo_path
     assert second.fold_collectives() == []
+
+
+@pytest.mark.parametrize("spec", [(("model", "batch"), None), (("batch", "model"), None), ("model", None)])
+def test_a_value_pinned_out_of_mesh_order_stays_in_the_main_program_where_the_target_refuses_such_results(spec):
+    """tt-mlir refuses a program result split over mesh axes out of mesh order ("Failed to parse output
+    sharding ... T(1,0)"): for such a target a folded weight pinned so is computed in the main program (where
+    that layout compiles, and tt-mlir const-evaluates it itself); every other layout is folded as before."""
+    import torch.fx as fx
+
+    from wancompile.constraints import constrain
+    from wancompile.fold import split_parameter_subgraphs
+
+    g = fx.Graph()
+    w, x = g.placeholder("w"), g.placeholder("x")
+    t = g.call_method("t", (w,))
+    packed = g.call_function(torch.mul, (t, 2))
+    for n in (w, t, packed):
+        n.meta["example_value"] = torch.zeros(8, 8)
+    g.call_function(constrain, (packed, "mesh", spec, 0))
+    g.output(g.call_function(torch.matmul, (x, packed)))
+    gm = fx.GraphModule(torch.nn.Module(), g)
+
+    assert split_parameter_subgraphs(gm, ["w", None]).folded == ["mul"]  # a target that parses any result
+    split = split_parameter_subgraphs(gm, ["w", None], results_in_order=("batch", "model"))
+    if spec[0] == ("model", "batch"):
+        assert split is None  # nor what it is computed from (w.t(), pinned by nothing): no other result
+    else:
+        assert split.folded == ["mul"]

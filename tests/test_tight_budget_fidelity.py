@@ -119,3 +119,51 @@ def test_stream_reshards_across_dims_are_what_the_partitioner_emits():
         if got != want:
             wrong.append(f"{a} -> {b}: compiled {got}, predicted {want}")
     assert not wrong, "\n".join(wrong)
+
+
+class _TwoReaders(torch.nn.Module):
+    """A stream value read by two ops, each through a copy in one other layout (sp_pad's padded stream:
+    the block's first cast and its ``type_as`` both read it with the tokens split)."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.proj(x)
+        return h.float() * 2 + h.sin()
+
+
+@pytest.mark.usefixtures("spmd")
+def test_readers_of_one_value_in_one_layout_share_one_copy_and_one_reshard():
+    """Both readers of the projection (hidden split over model) read it with the tokens split over
+    (batch, model): the lowering makes one copy, GSPMD compiles one all-to-all, and the planner predicts
+    one (it charged one per reader: TI2V-5B's padded stream, 3 all-to-alls compiled where 4 were
+    predicted)."""
+    from planner.pins import graph_collectives
+    from planner.plan import ActivationConstraint, Plan, replicated_params
+    from wancompile.lowering import ShardedProgram, xla_mesh
+
+    torch.manual_seed(0)
+    module, x = _TwoReaders().eval(), torch.randn(1, 24, 64)
+    gm = capture_fx(module, x)
+    graph = annotate(gm, model="graph")
+    mesh = parse_mesh("2x4")
+    params = replicated_params(graph) | {"proj.weight": ("model", None), "proj.bias": ("model",)}
+    proj = next(n for n in graph if n.op == "linear")
+    readers = [n for n in graph if proj.name in n.inputs]
+    assert len(readers) == 2
+    split_tokens = (None, ("batch", "model"), None)
+    acts = (ActivationConstraint(proj.location, (None, "batch", "model"), proj.out.shape),) + tuple(
+        ActivationConstraint(r.location, split_tokens, proj.out.shape, input=r.inputs.index(proj.name)) for r in readers
+    )
+    plan = Plan("graph", mesh, params, activations=acts)
+    predicted = graph_collectives(graph, plan, "wh-loudbox")
+    assert [(c.kind, c.count) for c in predicted if c.kind == "all-to-all"] == [("all-to-all", 1)]
+
+    program = ShardedProgram(gm, graph, plan, xla_mesh(mesh))
+    with torch.no_grad():
+        state = dict(module.named_parameters())
+        (out,) = program(*[state[n.param] if n.param else x for n in graph if n.op == "placeholder"])
+        assert numerics(out, module(x)).max_abs <= 1e-5
+    assert_matches_prediction([vars(m) for m in compare_collectives(predicted, program.collectives())], "two readers")

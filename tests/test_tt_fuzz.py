@@ -1,7 +1,7 @@
 """The tt-mlir fuzz (tests/tt_fuzz_cases.py): seeded DiT configs, meshes and budgets planned for tt-mlir,
 each compiled by Tenstorrent's compiler and held against the plan's TTNN prediction, with its numerics on
 CPU. A fixed subset runs here (the issue's hidden-style cases and one drawn case per mesh at its smallest
-budget, bf16, TI2V, I2V and two families among them), one subprocess per device count. The whole draw runs in
+budget, bf16, TI2V, I2V and two families among them; bf16 cases with every rewrite), one subprocess per device count. The whole draw runs in
 ``bench/bench_tt_fuzz.py``, which writes its table to docs/tt-fuzz.md (half an hour on 2 cores: kept out of CI's
 budget), and ``python tests/tt_fuzz_cases.py --seed N`` draws others."""
 

@@ -178,6 +178,53 @@ def test_what_the_pins_cost_is_explained_by_the_reshards_or_reported():
     assert same.unexplained == {}
 
 
+# One block's q RMSNorm, its channels split over chips: each chip sums its squares (the reduced dim dropped),
+# the all-reduce takes them 4-D (a reshape in, one out), the scaling by 1/N keeps their shape, and a reshape
+# gives the statistic its reduced dim back before it meets the activations; the same reshape on a matmul's
+# all-reduced result is no statistic's. Unannotated, tt-mlir takes the mean with the dim kept.
+_STAT = """module {
+  func.func @main(%arg0: tensor<64xbf16, #l>, %arg1: tensor<1x16x32xf32, #l>, %arg2: tensor<1x16xf32, #l>, %arg3: tensor<32x32xbf16, #l>) -> tensor<1x16x32xf32, #l> {
+    %q = "ttnn.linear"(%arg1, %arg3) : (tensor<1x16x32xf32, #l>, tensor<32x32xbf16, #l>) -> tensor<1x16x32xf32, #l> loc(#loc1)
+    %0 = "ttnn.multiply"(%q, %q) : (tensor<1x16x32xf32, #l>, tensor<1x16x32xf32, #l>) -> tensor<1x16x32xf32, #l> loc(#loc1)
+    %1 = "ttnn.REDUCE"(%0) <{dim_arg = [2 : i32], keep_dim = false}> : (tensor<1x16x32xf32, #l>) -> tensor<1x16xf32, #l> loc(#loc1)
+    %2 = "ttnn.reshape"(%1) <{shape = [1 : i32, 1 : i32, 1 : i32, 16 : i32]}> : (tensor<1x16xf32, #l>) -> tensor<1x1x1x16xf32, #l> loc(#loc1)
+    %3 = "ttnn.all_reduce"(%2) <{cluster_axis = 1 : ui32}> : (tensor<1x1x1x16xf32, #l>) -> tensor<1x1x1x16xf32, #l> loc(#loc1)
+    %4 = "ttnn.reshape"(%3) <{shape = [1 : i32, 16 : i32]}> : (tensor<1x1x1x16xf32, #l>) -> tensor<1x16xf32, #l> loc(#loc1)
+    %5 = "ttnn.multiply"(%4, %arg2) : (tensor<1x16xf32, #l>, tensor<1x16xf32, #l>) -> tensor<1x16xf32, #l> loc(#loc1)
+    %6 = "ttnn.reshape"(%5) <{shape = [1 : i32, 16 : i32, 1 : i32]}> : (tensor<1x16xf32, #l>) -> tensor<1x16x1xf32, #l> loc(#loc1)
+    %7 = "ttnn.multiply"(%q, %6) : (tensor<1x16x32xf32, #l>, tensor<1x16x1xf32, #l>) -> tensor<1x16x32xf32, #l> loc(#loc1)
+    %8 = "ttnn.multiply"(%7, %arg0) : (tensor<1x16x32xf32, #l>, tensor<64xbf16, #l>) -> tensor<1x16x32xf32, #l> loc(#loc1)
+    return %8 : tensor<1x16x32xf32, #l> loc(#loc1)
+  } loc(#loc1)
+} loc(#loc1)
+"""
+_STAT_BARE = """module {
+  func.func @main(%arg0: tensor<64xbf16, #l>, %arg1: tensor<1x64x64xf32, #l>, %arg2: tensor<1x16xf32, #l>, %arg3: tensor<64x64xbf16, #l>) -> tensor<1x64x64xf32, #l> {
+    %q = "ttnn.linear"(%arg1, %arg3) : (tensor<1x64x64xf32, #l>, tensor<64x64xbf16, #l>) -> tensor<1x64x64xf32, #l> loc(#loc1)
+    %0 = "ttnn.multiply"(%q, %q) : (tensor<1x64x64xf32, #l>, tensor<1x64x64xf32, #l>) -> tensor<1x64x64xf32, #l> loc(#loc1)
+    %1 = "ttnn.mean"(%0) <{dim_arg = [2 : i32], keep_dim = true}> : (tensor<1x64x64xf32, #l>) -> tensor<1x64x1xf32, #l> loc(#loc1)
+    %2 = "ttnn.multiply"(%q, %1) : (tensor<1x64x64xf32, #l>, tensor<1x64x1xf32, #l>) -> tensor<1x64x64xf32, #l> loc(#loc1)
+    %3 = "ttnn.multiply"(%2, %arg0) : (tensor<1x64x64xf32, #l>, tensor<64xbf16, #l>) -> tensor<1x64x64xf32, #l> loc(#loc1)
+    return %3 : tensor<1x64x64xf32, #l> loc(#loc1)
+  } loc(#loc1)
+} loc(#loc1)
+"""
+
+
+def test_a_split_statistic_may_get_its_reduced_dim_back_and_nothing_else_may():
+    """The q RMSNorm's statistic, split by the plan: the two reshapes around its all-reduce and the one that
+    restores its reduced dim past the scaling are what the split needs. Computed by a matmul instead (no
+    statistic), the last reshape is reported."""
+    from wancompile.tt.parts import pin_costs
+
+    names = [["blocks.0.attn1.norm_q.weight"], [], [], ["blocks.0.attn1.to_q.weight"]]
+    (cost,) = pin_costs(_STAT.replace("REDUCE", "sum"), _STAT_BARE, names)
+    assert cost.moves == {"ttnn.reshape": (3, 0)} and cost.moves_at_reshards == {"ttnn.reshape": 3}
+    assert cost.unexplained == {}
+    (cost,) = pin_costs(_STAT.replace("REDUCE", "matmul"), _STAT_BARE, names)
+    assert cost.moves_at_reshards == {"ttnn.reshape": 2} and cost.unexplained == {"moves": 1}
+
+
 # The same two blocks with their weights computed from once (tt-mlir's const-eval of arguments marked
 # ``parameter``): every ``ttcore.load_cached`` comes first, block 1's before block 0's, and block 0's weight
 # is all-gathered in its const-eval function.

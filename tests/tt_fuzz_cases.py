@@ -5,7 +5,8 @@ compiler for a committed system with that many chips (`wancompile.tt.check.syste
 A case draws what the GSPMD fuzz draws (`fuzz_cases`: heads, head dim, layers, FFN, patch, latent) and
 more of what real Wan configs and calls have: heads 1-40 (some no mesh axis divides), text lengths 1-600,
 I2V image tokens, TI2V's per-token timesteps and 48 latent channels, the other Wan-family DiTs
-(`wancompile.models.FAMILIES`), bf16 as pipelines load Wan; meshes `MESHES`, budget ``ample`` or the
+(`wancompile.models.FAMILIES`), bf16 as pipelines load Wan (with every rewrite, as for tt-mlir a pipeline
+would be compiled; fp32 cases keep the default, none); meshes `MESHES`, budget ``ample`` or the
 smallest the planner accepts for tt-mlir (``min``).
 
 `fuzz_cases.run_case` compiles a case (with ``target="tt-mlir"``); `judge` says what must hold:

@@ -34,7 +34,8 @@ What is folded — a call node is foldable when
   * no parameter it (transitively) reads is mutated anywhere in the graph;
 and a folded value handed to the main program must be a tensor no larger than the parameters it
 reads plus the zeros its constant ``pad`` ops add (the ``pad_heads`` rewrite's padded weights; no folded
-``expand``/broadcast materializing more than the weights: XLA fuses those).
+``expand``/broadcast materializing more than the weights: XLA fuses those), and, for a target that refuses
+a program result split over several mesh axes out of mesh order (tt-mlir), not pinned so.
 Views of one parameter (``.t()``, ``.float()``, a slice) fold under the same rules. A sharding
 constraint on a folded value (the auto plan pins a packed projection weight, planner/packing.py)
 moves into the fold program with it, so the value leaves the fold program with the plan's layout
@@ -165,9 +166,37 @@ def _allowed(sources: set, pads: set) -> int:
     return sum(_numel(s) or 0 for s in sources) + zeros
 
 
-def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]]) -> Optional[FoldSplit]:
+def _out_of_order(node: fx.Node, axis_names: Sequence[str]) -> bool:
+    """Whether a constraint of `node` splits a dim over several mesh axes out of mesh order."""
+    order = {a: i for i, a in enumerate(axis_names)}
+    return any(
+        isinstance(axes, tuple) and list(axes) != sorted(axes, key=lambda a: order.get(a, -1))
+        for u in node.users
+        if u.target is constrain
+        for axes in u.args[2]
+    )
+
+
+def _upstream(node: fx.Node, within: set) -> set:
+    """`node` and the nodes of `within` it is computed from."""
+    out, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n not in out:
+            out.add(n)
+            stack.extend(i for i in n.all_input_nodes if i in within)
+    return out
+
+
+def split_parameter_subgraphs(
+    gm: fx.GraphModule, params: Sequence[Optional[str]], results_in_order: Optional[Sequence[str]] = None
+) -> Optional[FoldSplit]:
     """Cut `gm` (whose placeholders, in order, hold the parameters named in `params`, None for inputs)
-    into a fold program and a main program; None when nothing can be folded (then use `gm` as is)."""
+    into a fold program and a main program; None when nothing can be folded (then use `gm` as is).
+    `results_in_order`: the mesh's axis names, where the target's compiler refuses a program result split
+    over several axes out of mesh order (`planner.targets.Target.results_in_mesh_order`; tt-mlir: "Failed to
+    parse output sharding ... T(1,0)"): a value pinned so stays in the main program with all it is computed
+    from, where that layout compiles (and tt-mlir computes a parameter-only value once itself, by const-eval)."""
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     if len(placeholders) != len(params):
         raise ValueError(f"{len(placeholders)} placeholders but {len(params)} parameter names")
@@ -195,10 +224,12 @@ def split_parameter_subgraphs(gm: fx.GraphModule, params: Sequence[Optional[str]
         boundary = [
             n for n in gm.graph.nodes if n in foldable and any(u not in foldable and u not in moved for u in n.users)
         ]
-        too_big = [n for n in boundary if _numel(n) is None or _numel(n) > _allowed(ancestors[n], pads[n])]
-        if not (bad_sources - banned) and not too_big:
+        stay = [n for n in boundary if _numel(n) is None or _numel(n) > _allowed(ancestors[n], pads[n])]
+        if results_in_order is not None:  # with all it is computed from: no part of it a result either
+            stay += [u for n in boundary if _out_of_order(n, results_in_order) for u in _upstream(n, foldable)]
+        if not (bad_sources - banned) and not stay:
             break
-        banned |= bad_sources | set(too_big)
+        banned |= bad_sources | set(stay)
     if not boundary:
         return None
 

@@ -102,7 +102,8 @@ class ShardedProgram:
         self.traces = 0  # how many times the FX graph was traced (once per input signature when replayed)
         self.not_replayed: Optional[str] = None  # why the last trace could not be replayed
         self.fold = None  # FoldedValues, when the graph has parameter-only subgraphs
-        split = split_parameter_subgraphs(self.lowered, self._params) if fold else None
+        in_order = mesh.axis_names if target is not None and target.results_in_mesh_order else None
+        split = split_parameter_subgraphs(self.lowered, self._params, in_order) if fold else None
         if split is not None:
             self.fold = FoldedValues(split)
             self.lowered = split.main

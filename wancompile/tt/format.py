@@ -69,7 +69,7 @@ def _format_pin_costs(c: ProgramCheck) -> list[str]:
         if not diffs:
             continue
         why = (
-            f"{sum(p.moves_at_reshards.values())} moves beside collectives, "
+            f"{sum(p.moves_at_reshards.values())} moves the reshards need, "
             f"{p.matmuls_before_reductions} matmuls reduced before their bias"
         )
         verdict = f"UNEXPLAINED {p.unexplained}" if p.unexplained else "explained by the reshards"

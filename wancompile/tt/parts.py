@@ -200,6 +200,8 @@ FUSED_KERNELS = (
 )
 _THROUGH = frozenset(MOVES) | {"ttnn.typecast"}  # what a collective's operand passes through on its way
 _REDUCTIONS = frozenset({"ttnn.all_reduce", "ttnn.reduce_scatter"})
+_REDUCING = frozenset({"ttnn.sum", "ttnn.mean", "ttnn.max", "ttnn.min"})  # a statistic, dims reduced away
+_POINTWISE = frozenset({"ttnn.multiply", "ttnn.add", "ttnn.subtract", "ttnn.divide", "ttnn.typecast", "ttnn.rsqrt"})
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,10 @@ class PinCost:
     ``unannotated``): its fused kernels and data movement in each, (pinned, unannotated) by op, and which of
     the pinned program's extra ones the plan's reshards explain: a move in a chain of moves into or out of a
     collective (TTNN's collectives take 4-D tiled tensors), a matmul whose bias cannot join it because its
-    result is reduced across chips first (a row-parallel linear: the bias is added after the all-reduce)."""
+    result is reduced across chips first (a row-parallel linear: the bias is added after the all-reduce), and
+    the reshape that gives a statistic the plan split back its reduced dims (the unannotated program's ``mean``
+    keeps them; the split one sums without them, all-reduces and scales, then restores them: a reshape that
+    only inserts unit dims, past the scaling)."""
 
     part: str
     kernels: Mapping[str, tuple[int, int]]
@@ -232,8 +237,24 @@ class PinCost:
         return out
 
 
-def _at_reshards(ops: list[tuple]) -> tuple[set[str], set[str]]:
-    """(moves in a chain of moves into or out of a collective, matmuls whose result such a chain reduces)."""
+def _result_dims(ttnn_text: str) -> dict[str, tuple[int, ...]]:
+    """Each ``@main`` value's dims, as its op's result type says."""
+    out = {}
+    for line in main_body(ttnn_text)[1:]:
+        m = _ANY_OP.match(line)
+        t = _TENSOR.search(line.rsplit(" -> ", 1)[-1]) if m and m.group("name") else None
+        if t:
+            out[m.group("name")] = tuple(int(d) for d in t.group("dims").split("x") if d)
+    return out
+
+
+def _unit_dims_inserted(before: tuple[int, ...], after: tuple[int, ...]) -> bool:
+    return len(after) > len(before) and [d for d in after if d != 1] == [d for d in before if d != 1]
+
+
+def _at_reshards(ops: list[tuple], dims: Mapping[str, tuple[int, ...]]) -> tuple[set[str], set[str]]:
+    """(moves in a chain of moves into or out of a collective, or restoring a split statistic's reduced dims;
+    matmuls whose result such a chain reduces). `dims`: each value's dims (`_result_dims`)."""
     producer = {name: (op, operands) for _, name, op, operands in ops if name}
     readers: dict[str, list[tuple[Optional[str], str]]] = {}
     for _, name, op, operands in ops:
@@ -243,7 +264,7 @@ def _at_reshards(ops: list[tuple]) -> tuple[set[str], set[str]]:
     for _, name, op, operands in ops:
         if op not in COLLECTIVE_OPS:
             continue
-        stack = list(operands)
+        stack, statistic = list(operands), False
         while stack:  # up: what the collective's operand passed through
             v = stack.pop()
             made = producer.get(v)
@@ -254,13 +275,21 @@ def _at_reshards(ops: list[tuple]) -> tuple[set[str], set[str]]:
                 stack.extend(made[1])
             elif made[0] == "ttnn.matmul" and op in _REDUCTIONS:
                 matmuls.add(v)
-        stack = [name] if name else []
-        while stack:  # down: what its result passes through
-            v = stack.pop()
+            statistic |= made[0] in _REDUCING and op in _REDUCTIONS
+        stack = [(name, False)] if name else []
+        while stack:  # down: what its result passes through (past: a statistic's scaling, same shape)
+            v, past = stack.pop()
             for reader, rop in readers.get(v, ()):
-                if reader and rop in _THROUGH and reader not in moves:
+                if not reader or reader in moves:
+                    continue
+                if rop in _THROUGH and not past:
                     moves.add(reader)
-                    stack.append(reader)
+                    stack.append((reader, False))
+                elif statistic and rop in _POINTWISE and dims.get(reader) == dims.get(v):
+                    stack.append((reader, True))
+                elif statistic and rop == "ttnn.reshape" and _unit_dims_inserted(dims.get(v, ()), dims.get(reader, ())):
+                    moves.add(reader)
+                    statistic = False  # one restored statistic per reduction
     return moves, matmuls
 
 
@@ -268,7 +297,7 @@ def pin_costs(pinned: str, unannotated: str, argument_names: list[list[str]]) ->
     """Per part of the model, the pinned TTNN program's fused kernels and moves against the unannotated one's
     (`PinCost`); both TTNN IRs of one exported module (the same arguments)."""
     ops = labelled_ops(pinned, argument_names)
-    moves, matmuls = _at_reshards(ops)
+    moves, matmuls = _at_reshards(ops, _result_dims(pinned))
     bare = dict(by_part(unannotated, argument_names))
     out = []
     for part, counts in by_part(pinned, argument_names):
