@@ -225,6 +225,38 @@ def test_a_split_statistic_may_get_its_reduced_dim_back_and_nothing_else_may():
     assert cost.moves_at_reshards == {"ttnn.reshape": 2} and cost.unexplained == {"moves": 1}
 
 
+# A one-block program whose text embedding (a top-level module) is first read after the block's first weight:
+# the block's self-attention runs before its cross-attention needs the text.
+_ONE_BLOCK = """module {
+  func.func @main(%arg0: tensor<64x64xbf16, #l>, %arg1: tensor<64x64xbf16, #l>, %arg2: tensor<64x64xbf16, #l>, %arg3: tensor<64x64xbf16, #l>, %arg4: tensor<48x64xbf16, #l>, %arg5: tensor<48x64xbf16, #l>) -> tensor<48x64xbf16, #l> {
+    %0 = "ttnn.matmul"(%arg4, %arg0) : (tensor<48x64xbf16, #l>, tensor<64x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %1 = "ttnn.matmul"(%arg5, %arg1) : (tensor<48x64xbf16, #l>, tensor<64x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %2 = "ttnn.matmul"(%1, %arg2) : (tensor<48x64xbf16, #l>, tensor<64x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %3 = "ttnn.add"(%0, %2) : (tensor<48x64xbf16, #l>, tensor<48x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    %4 = "ttnn.matmul"(%3, %arg3) : (tensor<48x64xbf16, #l>, tensor<64x64xbf16, #l>) -> tensor<48x64xbf16, #l> loc(#loc1)
+    return %4 : tensor<48x64xbf16, #l> loc(#loc1)
+  } loc(#loc1)
+} loc(#loc1)
+"""
+
+
+def test_a_top_level_module_read_inside_the_only_block_is_no_epilogue():
+    """The text embedding is read after the block's first weight but before the block is done: it is the
+    prologue's, and the cross-attention it feeds stays in the block; only what reads ``proj_out`` after the
+    block's last weight is the epilogue. (Read after the block's *first* weight, TI2V-5B's one-block program at
+    480p had its block's whole second half counted in the epilogue: 69 kernels where 187 were predicted.)"""
+    from wancompile.tt.parts import by_part
+
+    names = [["blocks.0.attn1.to_q.weight"], ["condition_embedder.text_embedder.linear_1.weight"]]
+    names += [["blocks.0.attn2.to_k.weight"], ["proj_out.weight"], [], []]
+    parts = {name: dict(ops) for name, ops in by_part(_ONE_BLOCK, names)}
+    assert parts == {
+        "prologue": {"ttnn.matmul": 1},
+        "blocks.0": {"ttnn.matmul": 2, "ttnn.add": 1},
+        "epilogue": {"ttnn.matmul": 1},
+    }
+
+
 # The same two blocks with their weights computed from once (tt-mlir's const-eval of arguments marked
 # ``parameter``): every ``ttcore.load_cached`` comes first, block 1's before block 0's, and block 0's weight
 # is all-gathered in its const-eval function.

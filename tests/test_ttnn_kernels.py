@@ -120,3 +120,20 @@ def test_the_moves_read_what_each_chip_holds_of_the_values_they_move(bf16_graph)
     assert split.move_bytes / split.move < one.move_bytes / one.move
     assert (one + split).move_bytes == one.move_bytes + split.move_bytes
     assert "move_bytes" not in one.to_json()  # the compared classes only
+
+
+def test_at_full_width_each_block_counts_its_own_collectives():
+    """A14B at 720p on bh-galaxy, the first 2 of 40 blocks with every rewrite: block 0 makes block 1's entry
+    reshard (an all-to-all over ``model``: 96 point-to-point transfers on 8x4) at its output, and block 1's output
+    is read by the epilogue instead. Each block's count is its own, as tt-mlir compiled them (`wancompile tt-check
+    --model wan2.2-t2v-a14b --blocks 2 --resolution 720p --mesh 8x4 --system bh-galaxy --rewrites all`: 296 and 200
+    collective kernels, 436 and 334 in all; docs/tenstorrent.md), where the plan's ``blocks.*`` collectives shared
+    equally gave each block 248."""
+    from wancompile.options import parse_rewrites
+    from wancompile.tt.fullsize import plan_first_blocks
+
+    p = plan_first_blocks("wan2.2-t2v-a14b", parse_mesh("8x4"), "bh-galaxy", rewrites=parse_rewrites("all"))
+    kernels = plan_kernels(p.graph, p.cut)
+    assert [kernels[k].collective for k in (0, 1)] == [296, 200]
+    for k, compiled in ((0, 436), (1, 334)):
+        assert abs(kernels[k].total / compiled - 1) <= 0.02, (k, kernels[k])

@@ -24,7 +24,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 from planner.mesh import MeshSpec
 from wancompile.tt import env
@@ -145,6 +145,70 @@ def _finish(
     )
 
 
+@dataclass(frozen=True)
+class PlannedBlocks:
+    """The first blocks of a full-size DiT, captured on the meta device and planned for the whole model."""
+
+    module: Any  # the model of `blocks` blocks, on the meta device, as a pipeline loads it
+    gm: Any  # its FX graph as dynamo hands it to the backend
+    graph: Any  # `planner.graph.Graph` of the rewritten graph the plan is made on
+    plan: Any  # the plan for every block of the model (`planner.plan.Plan`)
+    cut: Any  # that plan cut to the captured blocks, with their collectives (`Plan.first_blocks`)
+    options: dict  # the backend's options for it
+
+
+def plan_first_blocks(
+    model: str,
+    mesh: MeshSpec,
+    system: str,
+    *,
+    blocks: int = 2,
+    resolution: str = "720p",
+    frames: int = 81,
+    dtype: str = "bfloat16",
+    hardware: Optional[str] = None,
+    memory_gb: Optional[float] = None,
+    weight_sets: Optional[int] = None,
+    rewrites: tuple[str, ...] = (),
+    steps: Optional[_Steps] = None,
+) -> PlannedBlocks:
+    """Steps 1 and 2 of the module docstring: `blocks` blocks of the full-size `model` captured at `resolution`
+    on the meta device in `dtype`, planned for `system` (target tt-mlir) as a model of all its blocks, and the
+    plan cut to them. Arguments as `check_full_size`'s; `steps` times the capture and the plan."""
+    import torch
+
+    from planner.pins import graph_collectives
+    from wancompile.backend import rewrite_graph
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.models import as_loaded, build_transformer, get_model, transformer_inputs
+    from wancompile.options import Options
+    from wancompile.planning import HeadPadder, request_for, solve
+
+    spec = get_model(model)
+    spec.tokens(resolution, frames)  # checks resolution and frames before anything slow
+    num_blocks = spec.transformer["num_layers"]
+    if not 1 <= blocks <= num_blocks:
+        raise ValueError(f"blocks must be 1..{num_blocks} for {model}; got {blocks}")
+    sets = weight_sets if weight_sets is not None else (2 if "a14b" in model else 1)
+    dt = getattr(torch, dtype)
+    module = as_loaded(build_transformer(model, device="meta", num_layers=blocks), dt)
+    gm = capture_fx(module, **transformer_inputs(model, resolution, frames, device="meta", dtype=dt), return_dict=False)
+    if steps is not None:
+        steps.done("capture")
+    options = _options(mesh, system, hardware, memory_gb, weight_sets=sets, rewrites=list(rewrites) or None)
+    opts = Options.from_user(options)
+    request = request_for(opts, mesh, num_blocks=num_blocks)
+    rewritten, records = rewrite_graph(gm, request, opts.rewrites)
+    graph = annotate(rewritten, model=model)
+    request = request.variant(pad_heads=HeadPadder(rewritten, graph))
+    plan = solve(graph, request).with_(target="tt-mlir", rewrites=records)
+    cut = plan.first_blocks(blocks)
+    cut = cut.with_(collectives=graph_collectives(graph, cut))  # the collectives of these blocks alone
+    if steps is not None:
+        steps.done("plan")
+    return PlannedBlocks(module, gm, graph, plan, cut, options)
+
+
 def check_full_size(
     model: str,
     mesh: MeshSpec,
@@ -170,54 +234,46 @@ def check_full_size(
     import torch
 
     from planner.forward import evaluate_forward
-    from planner.pins import graph_collectives
     from planner.plan import save_plan
-    from wancompile.backend import rewrite_graph, wan_autoshard
-    from wancompile.capture import annotate, capture_fx
-    from wancompile.models import as_loaded, build_transformer, get_model, transformer_inputs
-    from wancompile.options import Options
-    from wancompile.planning import HeadPadder, request_for, solve
+    from wancompile.backend import wan_autoshard
+    from wancompile.models import get_model, transformer_inputs
     from wancompile.tt.check import check_compiled
 
     spec = get_model(model)
     tokens = spec.tokens(resolution, frames)  # checks resolution and frames before anything slow
     num_blocks = spec.transformer["num_layers"]
-    if not 1 <= blocks <= num_blocks:
-        raise ValueError(f"blocks must be 1..{num_blocks} for {model}; got {blocks}")
-    sets = weight_sets if weight_sets is not None else (2 if "a14b" in model else 1)
     systems, out_dir = _start(systems, out_dir, mesh)
     steps = _Steps()
+    p = plan_first_blocks(
+        model,
+        mesh,
+        systems[0],
+        blocks=blocks,
+        resolution=resolution,
+        frames=frames,
+        dtype=dtype,
+        hardware=hardware,
+        memory_gb=memory_gb,
+        weight_sets=weight_sets,
+        rewrites=rewrites,
+        steps=steps,
+    )
+    save_plan(p.plan, out_dir / f"plan-{num_blocks}-blocks.json")
+    saved = save_plan(p.cut, out_dir / f"plan-first-{blocks}-blocks.json")
 
-    dt = getattr(torch, dtype)
-    module = as_loaded(build_transformer(model, device="meta", num_layers=blocks), dt)
-    gm = capture_fx(module, **transformer_inputs(model, resolution, frames, device="meta", dtype=dt), return_dict=False)
-    steps.done("capture")
-
-    options = _options(mesh, systems[0], hardware, memory_gb, weight_sets=sets, rewrites=list(rewrites) or None)
-    opts = Options.from_user(options)
-    request = request_for(opts, mesh, num_blocks=num_blocks)
-    rewritten, records = rewrite_graph(gm, request, opts.rewrites)
-    graph = annotate(rewritten, model=model)
-    request = request.variant(pad_heads=HeadPadder(rewritten, graph))
-    plan = solve(graph, request)
-    plan = plan.with_(target="tt-mlir", rewrites=records)
-    save_plan(plan, out_dir / f"plan-{num_blocks}-blocks.json")
-    cut = plan.first_blocks(blocks)
-    cut = cut.with_(collectives=graph_collectives(graph, cut))  # the collectives of these blocks alone
-    saved = save_plan(cut, out_dir / f"plan-first-{blocks}-blocks.json")
-    steps.done("plan")
-
-    program = wan_autoshard(gm, [], options={**options, "plan": str(saved), "dump_dir": str(out_dir)})
+    program = wan_autoshard(p.gm, [], options={**p.options, "plan": str(saved), "dump_dir": str(out_dir)})
     steps.done("lower")
-    ran = _trace(program, gm, module, transformer_inputs(model, resolution, frames, dtype=dt))
+    dt = getattr(torch, dtype)
+    ran = _trace(program, p.gm, p.module, transformer_inputs(model, resolution, frames, dtype=dt))
     steps.done("export")
 
     planned = evaluate_forward(program.graph, program.plan, program.plan.hardware, num_blocks=blocks).memory_bytes
     checks = check_compiled([program], systems, out_dir, planned_bytes=lambda _: int(planned), unannotated=unannotated)
     steps.done("compile")
+    sets = p.options["weight_sets"]
     names = dict(model=model, resolution=resolution, frames=frames, tokens=tokens)
     names |= dict(blocks=blocks, num_blocks=num_blocks, weight_sets=sets)
-    return _finish(names, program, plan.predicted.memory_bytes_per_device, steps, ran, checks)
+    return _finish(names, program, p.plan.predicted.memory_bytes_per_device, steps, ran, checks)
 
 
 # a full-size VAE -> the DiT whose latents it decodes (their latent grid: `WanModel.latent_shape`)

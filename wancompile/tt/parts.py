@@ -80,8 +80,9 @@ def labelled_ops(ttnn_text: str, argument_names: list[list[str]]) -> list[tuple[
     ranked by where the program first reads them), except a value computed from parameters alone of several
     blocks (tt-mlir joins the blocks' text K/V projections into one concat and one linear): it belongs to
     the prologue, and what is computed from it to the block its other operands say. An op that reads no
-    block belongs to the prologue; one that reads a top-level module's parameters first read after every
-    block (``proj_out``) to the epilogue. A ``deallocate`` belongs where its value does. An op that reads
+    block belongs to the prologue; one that reads a top-level module's parameters first read after the last
+    block's last parameter (``proj_out``) to the epilogue (not after its first: with one block, the text
+    embedding read after the block's first modulation would take the block's cross-attention with it). A ``deallocate`` belongs where its value does. An op that reads
     only the residual stream (a block's first LayerNorm, without weights) therefore counts in the block
     before it."""
     args, ops = _dataflow(ttnn_text, argument_names)
@@ -91,6 +92,7 @@ def labelled_ops(ttnn_text: str, argument_names: list[list[str]]) -> list[tuple[
     derived = {a: ps for a, ps in parts_of.items() if ps}  # value -> the parts its parameters come from
     activations = {a for a, ps in parts_of.items() if not ps}  # inputs, and what is computed from them
     first: dict[str, int] = {}
+    last: dict[str, int] = {}  # and where it last reads them
     for k, (name, _, operands) in enumerate(ops):
         if not any(v in activations for v in operands):
             if name is not None:
@@ -101,8 +103,9 @@ def labelled_ops(ttnn_text: str, argument_names: list[list[str]]) -> list[tuple[
         for v in operands:
             for p in derived.get(v, ()):
                 first.setdefault(p, k)
+                last[p] = k
     blocks = sorted((p for p in first if _PART.match(p + ".")), key=first.get)
-    last_block = max((first[p] for p in blocks), default=-1)
+    last_block = max((last[p] for p in blocks), default=-1)
     rank = {
         p: (1 + blocks.index(p)) if p in blocks else (len(blocks) + 1 if first[p] > last_block else 0) for p in first
     }
