@@ -630,8 +630,14 @@ def _own_collectives(graph: Graph, plan: Plan, stack: str, root: str) -> dict[in
     from planner.request import PlanRequest
 
     target = PlanRequest.for_plan(plan).target
+    reader: dict[str, str] = {}  # a weight's place -> the op reading it, where the plan names its gathers
+    for node in graph:
+        for i in node.inputs:
+            if graph[i].is_param:
+                reader.setdefault(str(graph[i].location), str(node.location))
     by_block: dict[int, list[Collective]] = {}
     for (kind, axes, nbytes, where), n in graph_events(graph, plan, None, target, generic=False).items():
+        where = reader.get(where, where)
         at = plan.block_of(where)
         if at is not None and at[0] == stack:
             by_block.setdefault(at[1], []).append(Collective(kind, axes, nbytes, n, root + at[2]))

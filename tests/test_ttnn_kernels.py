@@ -137,3 +137,31 @@ def test_at_full_width_each_block_counts_its_own_collectives():
     assert [kernels[k].collective for k in (0, 1)] == [296, 200]
     for k, compiled in ((0, 436), (1, 334)):
         assert abs(kernels[k].total / compiled - 1) <= 0.02, (k, kernels[k])
+
+
+def test_the_pins_move_no_collective_between_blocks():
+    """At its smallest budget the auto plan gathers block 1's cross-attention weights (FSDP) where block 0's stay
+    whole: block 1 runs more collectives than block 0 (TTNN: 8 and 6, `tests/test_tt_fused.py`). The pinned plan
+    reads each weight through a constrained view, so its gathers are made at the weight; they are the reading
+    op's, in the same block, and the count is the unpinned plan's."""
+    from planner.pins import pin_layouts
+    from wancompile.backend import rewrite_graph
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.models import as_loaded, build_transformer, transformer_inputs
+    from wancompile.options import Options
+    from wancompile.planning import request_for
+
+    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
+    inputs = {
+        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in transformer_inputs("tiny", "tiny", 9).items()
+    }
+    opts = Options.from_user({"mesh": "2x4", "target": "tt-mlir", "rewrites": "all", "memory_gb": 0.00025})
+    request = request_for(opts, parse_mesh("2x4"))
+    graph = annotate(
+        rewrite_graph(capture_fx(model, **inputs, return_dict=False), request, opts.rewrites)[0], model="tiny"
+    )
+    plan = plan_graph(graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00025, target="tt-mlir")
+    kernels = plan_kernels(graph, plan)
+    assert [kernels[k].collective for k in (0, 1)] == [6, 8], kernels
+    assert plan_kernels(graph, pin_layouts(graph, plan)) == kernels
