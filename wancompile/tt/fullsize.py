@@ -26,7 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
+from planner.graph import Graph
 from planner.mesh import MeshSpec
+from planner.plan import Plan
 from wancompile.tt import env
 from wancompile.tt.check import ProgramCheck
 from wancompile.tt.format import format_checks
@@ -151,9 +153,9 @@ class PlannedBlocks:
 
     module: Any  # the model of `blocks` blocks, on the meta device, as a pipeline loads it
     gm: Any  # its FX graph as dynamo hands it to the backend
-    graph: Any  # `planner.graph.Graph` of the rewritten graph the plan is made on
-    plan: Any  # the plan for every block of the model (`planner.plan.Plan`)
-    cut: Any  # that plan cut to the captured blocks, with their collectives (`Plan.first_blocks`)
+    graph: Graph  # the rewritten graph the plan is made on
+    plan: Plan  # the plan for every block of the model
+    cut: Plan  # that plan cut to the captured blocks, with their collectives (`Plan.first_blocks`)
     options: dict  # the backend's options for it
 
 
