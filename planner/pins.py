@@ -33,6 +33,7 @@ from dataclasses import replace
 from planner.collective import Collective
 from planner.graph import Graph, Node
 from planner.hardware import HardwareProfile
+from planner.packing import packed_operand
 from planner.placements import Layout
 from planner.plan import ActivationConstraint, Plan
 from planner.pricing import collectives
@@ -104,7 +105,7 @@ def pin_layouts(graph: Graph, plan: Plan, request: Request = None) -> Plan:
             graph[name].location, want.to_spec(), graph[graph[name].inputs[i]].out.shape, 0, READ_PIN_REASON, i
         )
         for (name, i), want in ev.required.items()
-        if graph[graph[name].inputs[i]].is_param and not want.partial and (name, i) not in copies
+        if _weight(graph, graph[name].inputs[i]) and not want.partial and (name, i) not in copies
     ]
     acts = tuple(before) + plan.activations + tuple(pins) + tuple(reads)
     if "collective-permute" in target.unlowerable:
@@ -222,6 +223,12 @@ def target_collectives(graph: Graph, plan: Plan, request: Request = None) -> tup
         for (kind, axes, nbytes, where), n in extra.items()
     ]
     return target.lower(out, plan.mesh)
+
+
+def _weight(graph: Graph, name: str) -> bool:
+    """A parameter, or a value computed from parameters alone (`planner.packing`: the main program reads it as
+    one, folded)."""
+    return graph[name].is_param or packed_operand(graph, name) is not None
 
 
 def _pinnable(graph: Graph, node: Node, fed: set[str]) -> bool:

@@ -168,3 +168,40 @@ def test_cross_attention_fuses_k_and_v_on_the_prompt(dit):
     assert len(kv) == 2
     assert all(n.args[0].name == "hidden_states_5" for n in kv)  # the text embedder's output
     assert all(tuple(n.meta["example_value"].shape) == (1, 7, 2 * 64) for n in kv)
+
+
+def test_a_packed_weight_the_plan_gathers_is_read_through_a_pinned_copy_like_a_parameter():
+    """The tt fuzz's t26 (10 heads on 1x8, SP + FSDP at its smallest budget, bf16, every rewrite): the qkv linear
+    reads its packed weight gathered where it is stored split. A parameter read so goes through a constrained view
+    (`planner.pins.READ_PIN_REASON`), else Shardy contracts over the split instead of gathering it (an all-to-all
+    and a reduce-scatter per block, measured); the packed weight is read the same way."""
+    import sys
+    from pathlib import Path
+
+    from planner.pins import READ_PIN_REASON, pin_layouts
+    from planner.plan import MemoryBudgetError
+    from wancompile.backend import rewrite_graph
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.options import Options
+    from wancompile.planning import request_for, solve
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from fuzz_cases import build
+    from tt_fuzz_cases import ALL
+
+    model, inputs = build(ALL["t26-1x8-10h16-L3-ffn40-lat3x5x3-p111-txt1-bf16-min"])
+    gm = capture_fx(model, **inputs, return_dict=False)
+
+    def plan_at(memory_gb):
+        opts = Options.from_user({"mesh": "1x8", "target": "tt-mlir", "rewrites": "all", "memory_gb": memory_gb})
+        request = request_for(opts, opts.mesh)
+        graph = annotate(rewrite_graph(gm, request, opts.rewrites)[0], model="wan-dit")
+        return graph, solve(graph, request)
+
+    with pytest.raises(MemoryBudgetError) as e:
+        plan_at(1e-9)
+    graph, plan = plan_at(e.value.need_gb)
+    qkv = next(n for n in graph if str(n.location) == "blocks.0.attn1:linear#0")
+    assert graph[qkv.inputs[1]].op == "flatten" and not graph[qkv.inputs[1]].is_param  # the packed weight
+    reads = [a for a in pin_layouts(graph, plan).activations if a.reason == READ_PIN_REASON]
+    assert any(a.location == qkv.location and a.input == 1 and all(x is None for x in a.spec) for a in reads), reads
