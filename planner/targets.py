@@ -81,6 +81,11 @@ class Target:
     # its compiler runs these op families as one fused kernel each when the program hands them over as composites
     # (`wancompile.composites`: tt-mlir's tenstorrent.* composites -> ttnn.scaled_dot_product_attention, ...)
     composites: tuple[str, ...] = ()
+    # and partitions those composites only in a program with a split argument or result (tt-mlir 0.1.3 flattens
+    # them for Shardy only where `isShardedModule`, which reads the arguments and results: elsewhere a composite
+    # keeps its decomposition at whole shapes while its operands are split, and is refused), so a program that
+    # splits values inside but keeps every argument and result whole hands its fused ops over decomposed
+    composites_need_split_boundary: bool = False
     # its compiler fuses a rotate-half RoPE on [B, heads, tokens, head_dim] into one kernel (tt-mlir's
     # RoPERotateHalfFusingPattern -> ttnn.rotary_embedding), so the `rope` rewrite writes that form
     rotary_kernel: bool = False
@@ -159,6 +164,7 @@ TARGETS = {
         results_in_mesh_order=True,
         exports_shardy=True,
         composites=("attention", "layer_norm", "rms_norm", "gelu"),
+        composites_need_split_boundary=True,
         rotary_kernel=True,
         no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
         meshes=frozenset(

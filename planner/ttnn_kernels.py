@@ -31,6 +31,9 @@ tuple pick (chunk, unbind)             one ``slice_static``
 a chain of views                       one ``reshape`` where the shape a consumer reads differs from the
                                        shape its producer wrote (a linear reads and writes 2-D); a permute
                                        into or out of an attention is absorbed, any other a ``permute``
+                                       (with a ``reshape`` before it where it reads a view of another
+                                       shape; both one ``reshape`` where on a chip it moves only dims of
+                                       size 1)
 cat, stack                             one ``concat``; on the last dim (RoPE's interleave) each operand and
                                        the result also change layout (``to_layout``)
 x * cos + cat([-x2, x1]) * sin         one fused ``rotary_embedding`` (the `rope` rewrite's form for tt-mlir,
@@ -353,11 +356,7 @@ def _reshapes(graph: Graph, nodes: Iterable[Node], const: set[str]) -> list[str]
             src = graph[name]
             if not src.outputs or name in const:
                 continue
-            root = src
-            while root.op in VIEWS | _FREE or (root.op in CASTS and root.out.dtype == graph[root.inputs[0]].out.dtype):
-                if not root.inputs:
-                    break
-                root = graph[root.inputs[0]]
+            root = _viewed(graph, name)
             if root.name in const or root.op == "placeholder" and root.is_param:
                 continue
             have, want = _written(graph, root), _read(node, graph, i)
@@ -470,7 +469,7 @@ def block_kernels(
     total = total + _k(move=len(roots), typecast=_promotions(graph, nodes, const))
     total = total + _k(move_bytes=sum(ctx.local_bytes(r) for r in roots))
     for c, at in colls:
-        total = total + _k(collective=int(c.count)) + _around(c, at, layouts, mesh)
+        total = total + _k(collective=int(c.count)) + _around(c, at, ctx)
     ran = {n.name for n in nodes} | {i for n in nodes if n.name not in joined for i in n.inputs}
     slices = {(v, b): a for v, a, b in reshards if v in ran and v not in const and _local_slice(a, b, mesh)}
     for (v, b), a in slices.items():
@@ -527,7 +526,9 @@ def _rotate_half_of(graph: Graph, cat: Node) -> Optional[str]:
 def _permute(graph: Graph, node: Node, ctx: _Ctx) -> Kernels:
     """A permute's kernels: none into or out of an attention (absorbed); a rank-5 swap of the last two dims (a
     reorder of the last dim's pairs) a ``reshape``, ``permute``, ``reshape``; a transpose of dims 1 and 2 beside
-    such a reorder none (merged into it); any other one ``permute``."""
+    such a reorder none (merged into it); any other one ``permute``, and a ``reshape`` before it where the value
+    it reads was written in another shape (the head split before RoPE's heads-first transpose), both one
+    ``reshape`` where on a chip it only moves dims of size 1 (one head per chip)."""
     near = [graph[i] for i in node.inputs] + graph.users(node.name)
     if any(x.op == "scaled_dot_product_attention" for x in near):
         return _k()
@@ -535,7 +536,36 @@ def _permute(graph: Graph, node: Node, ctx: _Ctx) -> Kernels:
         return _k(move=3, move_bytes=3 * ctx.local_bytes(node.name))
     if _merged_transpose(graph, node):
         return _k()
-    return _k(move=1, move_bytes=ctx.local_bytes(node.name))
+    reshaped = _written(graph, _viewed(graph, node.inputs[0])) != _read(node, graph, 0)
+    moves = 1 if _unit_moves(node, ctx) else 1 + reshaped
+    return _k(move=moves, move_bytes=moves * ctx.local_bytes(node.name))
+
+
+def _viewed(graph: Graph, name: str) -> Node:
+    """The op that wrote value `name`, past views and ops that keep its value and dtype."""
+    root = graph[name]
+    while root.inputs and (
+        root.op in VIEWS | _FREE or root.op in CASTS and root.out.dtype == graph[root.inputs[0]].out.dtype
+    ):
+        root = graph[root.inputs[0]]
+    return root
+
+
+def _unit_moves(node: Node, ctx: _Ctx) -> bool:
+    """Whether permute `node`, on a chip's part of its input, keeps the dims of size > 1 in their order."""
+    lays = ctx.layouts.get(node.inputs[0])
+    src = ctx.graph[node.inputs[0]]
+    shape = local_shape(src.out.shape, lays[0] if lays else None, ctx.mesh)
+    rank = len(shape)
+    if node.op == "transpose":
+        a, b = node.arg(1, "dim0") % rank, node.arg(2, "dim1") % rank
+        order = list(range(rank))
+        order[a], order[b] = b, a
+    else:
+        dims = node.arg(1, "dims")
+        order = [d % rank for d in (dims if isinstance(dims, (list, tuple)) else node.attrs.get("args", [None])[1:])]
+    kept = [d for d in order if as_number(shape[d]) != 1]
+    return kept == sorted(kept)
 
 
 def _merged_transpose(graph: Graph, node: Node) -> bool:
@@ -593,11 +623,12 @@ def _local_slice(a: Layout, b: Layout, mesh: MeshSpec) -> bool:
     return added
 
 
-def _around(c: Collective, at: Optional[Node], layouts: Mapping[str, tuple[Layout, ...]], mesh: MeshSpec) -> Kernels:
+def _around(c: Collective, at: Optional[Node], ctx: _Ctx) -> Kernels:
     """The data movement tt-mlir puts around one lowered collective: a reduction of a tensor of rank other than
-    4 reshaped to 4-D and back; a weight gathered for a linear copied to tile layout first (an activation is
-    gathered as it is); an all-to-all (its ``point_to_point`` transfers, `planner.targets`) slicing each chip's
-    chunks and assigning the received."""
+    4 reshaped to 4-D and back; a parameter gathered for a linear copied to tile layout first (an activation, or
+    a weight const-eval computed from parameters, is gathered as it is); an all-to-all (its ``point_to_point``
+    transfers, `planner.targets`) slicing each chip's chunks and assigning the received."""
+    layouts, mesh = ctx.layouts, ctx.mesh
     calls = int(c.count)
     n = math.prod(mesh.axis_size(a) for a in c.axes)
     if c.kind == "collective-permute":
@@ -606,7 +637,8 @@ def _around(c: Collective, at: Optional[Node], layouts: Mapping[str, tuple[Layou
             return _k(move=moves, move_bytes=moves * c.bytes)  # each transfer's chunk sliced, then assigned
         return _k()
     if c.kind == "all-gather":
-        moves = calls if at is not None and _gathers_weight(c, at, layouts) else 0
+        tiled = at is not None and _gathers_weight(c, at, layouts) and _viewed(ctx.graph, at.inputs[1]).is_param
+        moves = calls if tiled else 0
         return _k(move=moves, move_bytes=moves * c.bytes / max(n, 1))  # the local shard, tiled
     rank = len(at.out.shape) if at is not None and at.outputs else 4
     moves = calls * (2 if rank != 4 else 0)
@@ -630,11 +662,16 @@ def _own_collectives(graph: Graph, plan: Plan, stack: str, root: str) -> dict[in
     from planner.request import PlanRequest
 
     target = PlanRequest.for_plan(plan).target
-    reader: dict[str, str] = {}  # a weight's place -> the op reading it, where the plan names its gathers
+    const = constants(graph)
+    # a weight's place, or a packed weight's (computed from weights once) -> the op reading it per call, where the
+    # plan names its gathers
+    reader: dict[str, str] = {}
     for node in graph:
+        if node.name in const:
+            continue
         for i in node.inputs:
-            if graph[i].is_param:
-                reader.setdefault(str(graph[i].location), str(node.location))
+            for w in _made_once(graph, i, const):
+                reader.setdefault(str(graph[w].location), str(node.location))
     by_block: dict[int, list[Collective]] = {}
     for (kind, axes, nbytes, where), n in graph_events(graph, plan, None, target, generic=False).items():
         where = reader.get(where, where)
@@ -642,6 +679,13 @@ def _own_collectives(graph: Graph, plan: Plan, stack: str, root: str) -> dict[in
         if at is not None and at[0] == stack:
             by_block.setdefault(at[1], []).append(Collective(kind, axes, nbytes, n, root + at[2]))
     return {k: list(target.lower(cs, plan.mesh)) for k, cs in by_block.items()}
+
+
+def _made_once(graph: Graph, name: str, const: set[str]) -> list[str]:
+    """Value `name` and all it is computed from, where it is computed from parameters alone (else none)."""
+    if name not in const:
+        return []
+    return [name] + [w for i in graph[name].inputs for w in _made_once(graph, i, const)]
 
 
 def plan_kernels(graph: Graph, plan: Plan, num_blocks: Optional[int] = None) -> dict[int, Kernels]:

@@ -41,13 +41,24 @@ the reorder back is dropped (`_keep_halves`): ``r.to(x.dtype).transpose(1, 2)``,
 own permute to heads-first undoes (tt-mlir runs neither). The scores are the same sums of the same products, ``q . k``
 over one permutation of the head dim on both sides, so the attention's output differs only by the order of
 that sum (fp32 DiTs: max-abs 4e-7 on outputs of magnitude 2). Wan's self-attention is such a pair in every
-family; its cross-attention reads no RoPE. On tt-mlir the tiny DiT's block runs 120 TTNN kernels instead of
-148 (docs/tenstorrent.md); tt-xla's PERF_AUDIT measured the stack form ~580 ms slower than diffusers'
-strided writes on one A14B block, where a half-rotation form with both reorders was 190 ms faster.
+family; its cross-attention reads no RoPE.
+
+And where such an x is a projection's output split into heads (through casts and the RMSNorm across heads, the
+projection separate or packed by `qkv`, and nothing else reads them), the reorder in is made on the parameters
+instead (`_halves_from_weights`): the projection's rows, its bias and the norm's weight are put in halves order
+once (``p.unflatten(0, (H, D/2, 2)).transpose(1, 2).flatten(0, 2)``, parameter-only ops that the lowering folds),
+and per call x only moves its heads first (``x.transpose(1, 2)``). The projection then computes the same values
+in other lanes, and the norm's mean square sums them in another order. On tt-mlir the tiny DiT's block runs 116
+TTNN kernels instead of 148 (120 with the reorder in per call; docs/tenstorrent.md); tt-xla's PERF_AUDIT measured
+the stack form ~580 ms slower than diffusers' strided writes on one A14B block, where a half-rotation form with
+both reorders was 190 ms faster.
 
 A hand matcher, not `rewrites._pattern`: the pattern is two in-place writes into a buffer, which no
 dataflow path from the output reaches (``torch.fx.subgraph_rewriter`` rejects a pattern whose nodes
 have no users), and it holds only if ``out`` is not read between the writes, an ordering condition.
+
+Why one module of ~400 lines: the three steps (the rotary form, q and k kept in halves order, the reorder made on
+the weights) each hold only where the one before was made, on the same sites (`_Back`).
 """
 
 from __future__ import annotations
@@ -61,6 +72,7 @@ import torch
 import torch.fx as fx
 
 from ._core import (
+    LINEAR,
     SDPA,
     Emitter,
     RewriteContext,
@@ -69,6 +81,7 @@ from ._core import (
     calls,
     calls_method,
     finish,
+    linear_args,
     module_path,
     replace,
     rewrite_each,
@@ -99,6 +112,8 @@ def rope_without_scatter(gm: fx.GraphModule, context: RewriteContext = RewriteCo
     done = rewrite_each(gm, "rope", ((module_path(n), partial(unscatter, n)) for n in buffers))
     if rotaries:
         _keep_halves(gm.graph, rotaries)
+        for site in rotaries:
+            _halves_from_weights(gm.graph, site)
         finish(gm)
     return done
 
@@ -186,7 +201,7 @@ def _rotate_half(
     emit = Emitter(graph, last, out, after=True)
     half = shape(x)[-1] // 2
     # [B, S, H, D/2, 2] -> [B, H, S, 2, D/2]: heads first and the pairs' lanes apart, in one permute
-    xt = emit.method("flatten", emit.method("permute", emit.method("unflatten", x, -1, (half, 2)), *_APART), -2)
+    xt = into = emit.method("flatten", emit.method("permute", emit.method("unflatten", x, -1, (half, 2)), *_APART), -2)
     computed = torch.promote_types(value(x).dtype, value(cos).dtype)
     if value(xt).dtype != computed:
         xt = emit.method("to", xt, computed)
@@ -202,7 +217,7 @@ def _rotate_half(
     if value(result).dtype != value(out).dtype:
         result = emit.method("to", result, value(out).dtype)
         chain = (result, *chain)
-    reorder = _Back(r, chain)
+    reorder = _Back(r, chain, x, into)
     halves = [even.args[2], odd.args[2]]
     graph.erase_node(even)
     graph.erase_node(odd)
@@ -220,10 +235,14 @@ def _rotate_half(
 @dataclass(frozen=True)
 class _Back:
     """A rotary site's way back to diffusers' layout: the rotation `rotary` ([B, H, S, D], halves order) and the
-    ops from it back to [B, S, H, D] in lane order (users first; the first is what the rest of the graph reads)."""
+    ops from it back to [B, S, H, D] in lane order (users first; the first is what the rest of the graph reads);
+    its input `x` ([B, S, H, D], lane order) and `into`, the last of the three ops reordering x into [B, H, S, D] in
+    halves order."""
 
     rotary: fx.Node
     chain: tuple[fx.Node, ...]
+    x: fx.Node
+    into: fx.Node
 
 
 _APART = (0, 2, 1, 4, 3)  # [B, S, H, D/2, 2] <-> [B, H, S, 2, D/2]
@@ -286,6 +305,98 @@ def _keep_halves(graph: fx.Graph, rotaries: list["_Back"]) -> None:
         end.replace_all_uses_with(emit.method("transpose", cast, 1, 2))
         for node in b.chain:
             graph.erase_node(node)
+
+
+def _halves_from_weights(graph: fx.Graph, site: _Back) -> None:
+    """Where the rotated x is a projection's output split into heads — through casts, an RMSNorm across all heads
+    and the `qkv` rewrite's packing, nothing else reading them — the projection's rows and the norm's weight are
+    put in halves order instead (``w.unflatten(0, (H, D/2, 2)).transpose(1, 2).flatten(0, 2)``: parameter-only
+    ops, which the lowering folds), so per call x only moves its heads first (``x.transpose(1, 2)``, one permute
+    where the reorder was a reshape, a permute and a reshape). The norm's mean square then sums its features in
+    another order; everything else computes the same values in other lanes."""
+    sources = _sources(site.x) if _read_only_by(site.x, site.into.args[0].args[0]) else None
+    if sources is None:
+        return
+    _, _, heads, head_dim = shape(site.x)
+    for reader, param in sources:
+        emit = Emitter(graph, reader, reader)
+        rows = emit.method("unflatten", param, 0, (heads, head_dim // 2, 2))
+        reader.replace_input_with(param, emit.method("flatten", emit.method("transpose", rows, 1, 2), 0, 2))
+    permute = site.into.args[0]
+    unflatten = permute.args[0]
+    replace(site.into, Emitter(graph, site.into, site.into).method("transpose", site.x, 1, 2))
+    graph.erase_node(permute)
+    graph.erase_node(unflatten)
+
+
+_RMS_NORM = (torch.rms_norm, torch.nn.functional.rms_norm)
+_CASTS = ("to", "float", "bfloat16", "type_as")
+
+
+def _sources(x: fx.Node) -> Optional[list[tuple[fx.Node, fx.Node]]]:
+    """(reader, parameter) for every parameter whose dim 0 lays out x's head dim, read by the op reading it: the
+    projection's weight and bias (or, packed by `qkv`, x's part of them) and the across-heads norm's weight; None
+    where x is not a head split of such a projection or a value on the way is read by anything else."""
+    if not (calls_method(x, "unflatten") and x.args[1] in (2, -2) and len(shape(x)) == 4):
+        return None
+    found: list[tuple[fx.Node, fx.Node]] = []
+    prev, y = x, x.args[0]
+    while isinstance(y, fx.Node) and _read_only_by(y, prev):
+        if calls(y, _RMS_NORM):
+            normalized = tuple(y.args[1] if len(y.args) > 1 else y.kwargs["normalized_shape"])
+            weight = y.args[2] if len(y.args) > 2 else y.kwargs.get("weight")
+            if normalized != shape(y)[-1:] or not (weight is None or _parameter(weight)):
+                return None
+            found += [(y, weight)] if weight is not None else []
+        elif y.op == "call_method" and y.target in _CASTS:
+            pass
+        elif calls(y, LINEAR):
+            _, w, b = linear_args(y)
+            params = [p for p in (w, b) if p is not None]
+            return found + [(y, p) for p in params] if all(_parameter(p) for p in params) else None
+        elif calls_method(y, "flatten"):
+            packed = _packed_part(y)
+            return None if packed is None else found + packed
+        else:
+            return None
+        prev, y = y, y.args[0]
+    return None
+
+
+def _packed_part(q: fx.Node) -> Optional[list[tuple[fx.Node, fx.Node]]]:
+    """For ``q = linear(x, w, b).unflatten(-1, (H, 3, d)).unbind(-2)[j].flatten(-2)`` (`qkv`'s packing, its w and b
+    ``cat([p.unflatten(0, (H, d)) for p in q/k/v], 1).flatten(0, 1)``): (the j-th ``unflatten``, the j-th parameter)
+    of w and of b."""
+    pick = q.args[0]
+    if not (q.args[1:] == (-2,) and calls(pick, operator.getitem) and len(pick.users) == 1):
+        return None
+    unbind = pick.args[0]
+    split = unbind.args[0] if calls_method(unbind, "unbind") and unbind.args[1:] == (-2,) else None
+    if split is None or not (calls_method(split, "unflatten") and split.args[1] == -1 and calls(split.args[0], LINEAR)):
+        return None
+    if not (_read_only_by(split.args[0], split) and _read_only_by(split, unbind)):
+        return None
+    found = []
+    for packed in linear_args(split.args[0])[1:]:
+        if packed is None:
+            continue
+        cat = packed.args[0] if calls_method(packed, "flatten") and packed.args[1:] == (0, 1) else None
+        if cat is None or not calls(cat, torch.cat) or len(cat.args[0]) <= pick.args[1]:
+            return None
+        part = cat.args[0][pick.args[1]]
+        if not (calls_method(part, "unflatten") and part.args[1] == 0 and _parameter(part.args[0])):
+            return None
+        found.append((part, part.args[0]))
+    return found
+
+
+def _parameter(node) -> bool:
+    return isinstance(node, fx.Node) and node.op in ("placeholder", "get_attr")
+
+
+def _read_only_by(node: fx.Node, reader: fx.Node) -> bool:
+    """Whether `reader` is `node`'s only reader, but for ``other.type_as(node)`` (its dtype only)."""
+    return all(u is reader or calls_method(u, "type_as") and u.args[0] is not node for u in node.users)
 
 
 def _both_rotated(roles: dict[str, set]) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import operator
 
+import pytest
 import torch
 from expecttest import assert_expected_inline
 
@@ -160,17 +161,45 @@ def _reorders(gm):
     ]
 
 
-def test_rotary_q_and_k_that_meet_only_each_other_stay_in_halves_order(dit):
-    """In the DiT every self-attention reads a rotated q and k and nothing else does: both stay in halves order
-    (one reorder of the head dim per site, the one in), and the output is the original's up to the order of the
-    head-dim sum in q . k (fp32)."""
+@pytest.mark.parametrize("passes", [["rope"], ["qkv", "rope"]])
+def test_rotary_q_and_k_that_meet_only_each_other_stay_in_halves_order(dit, passes):
+    """In the DiT every self-attention reads a rotated q and k and nothing else does: both stay in halves order,
+    and the reorder into it is made once on the projections' rows and the q/k norms' weights (separate or packed
+    by `qkv`), so no per-call op reorders the head dim's pairs. The output is the original's up to the order of
+    the head-dim sums (q . k, the norms' mean square; fp32)."""
     gm, inputs = dit
     expected = gm(*inputs)[0]
-    _, (report,) = apply_rewrites(gm, ["rope"], RewriteContext(rotary_kernel=True))
-    reorders = _reorders(gm)
-    assert report.count == 4 and len(reorders) == 4  # q and k of 2 blocks: the reorder in only
+    reports = apply_rewrites(gm, passes, RewriteContext(rotary_kernel=True))[1]
+    assert reports[-1].count == 4 and _reorders(gm) == []  # q and k of 2 blocks
+    halves = [n for n in gm.graph.nodes if n.op == "call_method" and n.target == "unflatten" and n.args[1:2] == (0,)]
+    halves = [n for n in halves if len(n.args[2]) == 3]
+    # each block's q and k: the weight, the bias and the norm's weight, each a parameter
+    assert len(halves) == 12 and all(n.args[0].op == "placeholder" for n in halves)
     got = gm(*inputs)[0]
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max()
+
+
+def test_a_projection_read_elsewhere_keeps_the_reorder_per_call():
+    """Where the projection's output is also read by something else, its rows stay as they are and the rotated
+    input is reordered per call (the reorder back is still dropped: q and k meet only each other)."""
+
+    def attention(x, w, g, cos, sin):
+        y = torch.nn.functional.linear(x, w)
+        q = torch.rms_norm(y, (16,), g, 1e-6).unflatten(2, (2, -1))
+        q = apply_rotary_emb(q, cos, sin)
+        k = apply_rotary_emb(x.unflatten(2, (2, -1)), cos, sin)
+        v = x.flip(1).unflatten(2, (2, -1))
+        out = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out, y
+
+    torch.manual_seed(0)
+    x, w, g = torch.randn(1, 5, 16), torch.randn(16, 16), torch.randn(16)
+    _, cos, sin = rope_inputs(torch.float32)
+    args = (x, w, g, cos, sin)
+    gm, inputs, report = rewritten(attention, *args, rotary_kernel=True)
+    assert report.count == 2 and len(_reorders(gm)) == 2  # in, for q and for k
+    for got, want in zip(gm(*inputs), attention(*args)):
+        assert torch.allclose(got, want, atol=1e-6)
 
 
 def test_a_rotated_q_read_elsewhere_keeps_the_reorder_back_and_every_bit():

@@ -45,6 +45,24 @@ def _rope_graph(rotary_kernel: bool):
     return annotate(gm, model="tiny")
 
 
+def _rewritten_for_tt(mesh: str):
+    """The tiny bf16 DiT with every rewrite the backend runs for tt-mlir on `mesh`, annotated for the planner."""
+    from wancompile.backend import rewrite_graph
+    from wancompile.capture import annotate, capture_fx
+    from wancompile.models import as_loaded, build_transformer, transformer_inputs
+    from wancompile.options import Options
+    from wancompile.planning import request_for
+
+    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
+    inputs = {
+        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+        for k, v in transformer_inputs("tiny", "tiny", 9).items()
+    }
+    opts = Options.from_user({"mesh": mesh, "target": "tt-mlir", "rewrites": "all"})
+    gm = capture_fx(model, **inputs, return_dict=False)
+    return annotate(rewrite_graph(gm, request_for(opts, parse_mesh(mesh)), opts.rewrites)[0], model="tiny")
+
+
 def test_the_rotary_form_of_rope_is_one_fused_kernel_and_fewer_moves_than_the_stack():
     """The `rope` rewrite's form for tt-mlir (x * cos + rotate_half(x) * sin on [B, heads, tokens, D]) is one
     ``ttnn.rotary_embedding`` per q and k: 2 more fused kernels a block, its products, halves and concat absorbed,
@@ -145,23 +163,44 @@ def test_the_pins_move_no_collective_between_blocks():
     reads each weight through a constrained view, so its gathers are made at the weight; they are the reading
     op's, in the same block, and the count is the unpinned plan's."""
     from planner.pins import pin_layouts
-    from wancompile.backend import rewrite_graph
-    from wancompile.capture import annotate, capture_fx
-    from wancompile.models import as_loaded, build_transformer, transformer_inputs
-    from wancompile.options import Options
-    from wancompile.planning import request_for
 
-    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
-    inputs = {
-        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for k, v in transformer_inputs("tiny", "tiny", 9).items()
-    }
-    opts = Options.from_user({"mesh": "2x4", "target": "tt-mlir", "rewrites": "all", "memory_gb": 0.00025})
-    request = request_for(opts, parse_mesh("2x4"))
-    graph = annotate(
-        rewrite_graph(capture_fx(model, **inputs, return_dict=False), request, opts.rewrites)[0], model="tiny"
-    )
+    graph = _rewritten_for_tt("2x4")
     plan = plan_graph(graph, parse_mesh("2x4"), "wh-loudbox", memory_gb=0.00025, target="tt-mlir")
     kernels = plan_kernels(graph, plan)
     assert [kernels[k].collective for k in (0, 1)] == [6, 8], kernels
     assert plan_kernels(graph, pin_layouts(graph, plan)) == kernels
+
+
+def test_rope_s_heads_first_transpose_is_a_reshape_and_a_permute_unless_a_chip_holds_one_head():
+    """With the `rope` rewrite's reorder made on the weights, q and k only move their heads first before the
+    rotation, reading the head split of the norm's output: tt-mlir runs a ``reshape`` and a ``permute`` for it
+    (TI2V-5B at full width, 6 heads a chip); where a chip holds one head the permute moves only a dim of size 1,
+    and the two are one ``reshape`` (the tiny DiT under the hand plan on 2x4)."""
+    from planner.placements import Layout
+    from planner.ttnn_kernels import _Ctx, _permute
+
+    g = _rope_graph(True)
+    split = {n.name for n in g if n.op == "unflatten" and g[n.inputs[0]].op == "rms_norm"}
+    firsts = [n for n in g if n.op == "transpose" and n.inputs[0] in split]
+    assert len(firsts) == 4  # q and k of 2 blocks (the others permute weights, once: const-eval)
+    for mesh, heads in ((parse_mesh("1x1"), ()), (parse_mesh("1x4"), ("model",))):
+        layouts = {n.inputs[0]: (Layout(((), (), heads, ())),) for n in firsts}
+        ctx = _Ctx(g, layouts, mesh, frozenset(), frozenset())
+        assert {_permute(g, n, ctx).move for n in firsts} == ({2} if not heads else {1})
+
+
+def test_a_packed_weight_gathered_per_use_counts_in_the_block_of_the_linear_reading_it():
+    """On 8x4 at its smallest budget the auto plan gathers the `qkv` rewrite's packed weight per use (FSDP); the
+    packed weight is computed from the parameters once (const-eval), so its gather is made where it is read, by
+    the q/k/v linear, in the block, and without a copy to tile layout (const-eval hands it over tiled): per block
+    15 collective kernels as TTNN compiles them (`wancompile tt-check --model tiny --tightest --dtype bfloat16
+    --rewrites all --mesh 8x4 --system bh-galaxy`: 145 kernels a block, 146 predicted), where it was dropped as
+    running beside the prologue (14)."""
+    from planner.errors import MemoryBudgetError
+
+    graph = _rewritten_for_tt("8x4")
+    with pytest.raises(MemoryBudgetError) as smallest:
+        plan_graph(graph, parse_mesh("8x4"), "wh-galaxy", memory_gb=1e-9, target="tt-mlir")
+    plan = plan_graph(graph, parse_mesh("8x4"), "wh-galaxy", memory_gb=smallest.value.need_gb, target="tt-mlir")
+    kernels = plan_kernels(graph, plan)
+    assert [(kernels[k].collective, kernels[k].total) for k in (0, 1)] == [(15, 146)] * 2, kernels

@@ -22,7 +22,9 @@ in-graph annotations altogether (DESIGN.md §4).
 
 from __future__ import annotations
 
+import re
 import time
+from dataclasses import replace
 from typing import Any, Callable, Optional, Sequence
 
 import torch
@@ -42,6 +44,16 @@ from wancompile.params import ProgramArguments
 from wancompile.replay import Replay
 
 __all__ = ["ShardedProgram", "mesh_for_plan", "mesh_spec_of", "xla_mesh"]
+
+
+def _split(xla_spec: str) -> bool:
+    """Whether a torch_xla sharding annotation (``{devices=[1,4,1]0,1,2,3}``, ``{replicated}``, "") splits a dim
+    (the last tile dim of ``last_tile_dim_replicate`` replicates)."""
+    tiles = re.match(r"\{devices=\[([\d,]+)\]", xla_spec)
+    if tiles is None:
+        return False
+    dims = [int(d) for d in tiles.group(1).split(",")]
+    return any(d > 1 for d in (dims[:-1] if "last_tile_dim_replicate" in xla_spec else dims))
 
 
 class ShardedProgram:
@@ -85,7 +97,7 @@ class ShardedProgram:
         self._hlo, self._fold_hlo = HloRecord(), HloRecord()
         self.device = torch_xla.device()
         legal = place_factories(legalize(gm)[0] if legalize_ops else gm, self.device)[0]
-        target = target if target is not None else PlanRequest.for_plan(plan).target
+        target = self.target = target if target is not None else PlanRequest.for_plan(plan).target
         self.lowered = insert_constraints(legal, graph, plan, mesh, target, fused=fused)
         # the calls the target runs as fused kernels (`wancompile.composites`), and why the others are not
         self.fused_sites = self.lowered.meta["fused_sites"]
@@ -203,6 +215,9 @@ class ShardedProgram:
                 xla_args += self._folded(args, xla_args)
             with composites.emitting():
                 outs = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
+            if self._composites_refused(xla_args, outs):
+                torch_xla._XLAC._clear_pending_irs(str(self.device))
+                outs = [t for t in pytree.tree_leaves(self.lowered(*xla_args)) if isinstance(t, torch.Tensor)]
             self.stablehlo_sink("main", outs, self.named_arguments(xla_args))
         self.traces += 1
         torch_xla._XLAC._clear_pending_irs(str(self.device))
@@ -215,7 +230,7 @@ class ShardedProgram:
         import torch.utils._pytree as pytree
         import torch_xla
 
-        if not any(not s.why_not for s in self.fused_sites):
+        if not any(not s.why_not for s in self.fused_sites) or self._composites_refused(xla_args, outs):
             return outs
         tensors = [a for a in xla_args if isinstance(a, torch.Tensor)]
         pending = torch_xla._XLAC._check_tensor_need_materialization(tensors)
@@ -224,6 +239,25 @@ class ShardedProgram:
         if torch_xla._XLAC._check_tensor_need_materialization(tensors) != pending:
             raise RuntimeError("the program writes into its inputs: it cannot be traced a second time for its export")
         return exported
+
+    def _composites_refused(self, xla_args: Sequence[Any], outs: Sequence[torch.Tensor]) -> bool:
+        """Whether the target would refuse the program's composites (`Target.composites_need_split_boundary`): it
+        splits values inside while every argument and result is whole. Its fused sites then say so, and the
+        program is exported as it runs (each op decomposed, with the plan's pins)."""
+        import torch_xla
+
+        if not self.target.composites_need_split_boundary or not any(not s.why_not for s in self.fused_sites):
+            return False
+        split_inside = any(e is not None for spec in self.specs for e in spec)
+        boundary = [t for t in (*xla_args, *outs) if isinstance(t, torch.Tensor)]
+        if not split_inside or any(_split(torch_xla._XLAC._get_xla_sharding_spec(t)) for t in boundary):
+            return False
+        why = (
+            f"every argument and result of the program is whole while it splits values inside: {self.target.name} "
+            "partitions a composite's decomposition only in a program with a split argument or result"
+        )
+        self.fused_sites = tuple(replace(s, why_not=s.why_not or why) for s in self.fused_sites)
+        return True
 
     def argument_names(self) -> list[tuple[str, ...]]:
         """Per argument of the lowered program (`program_args`): the parameter it is (one name), the

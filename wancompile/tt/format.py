@@ -93,7 +93,8 @@ def _format_scores(c: ProgramCheck) -> list[str]:
             if refused
             else "priced by the planner (its memory holds the scores)"
             if c.scores_priced
-            else "not handed over as fused attention (an fp32 attention, or fused_ops off)"
+            else "not handed over as fused attention (fp32, fused_ops off, or a program whose every argument "
+            "and result is whole: the program's fused_sites say why)"
         )
         out.append(
             f"  {n} x score matrix {kind} ({op}, {nbytes / 2**20:.2f} MiB per chip) of an attention with "

@@ -157,6 +157,8 @@ class PlannedBlocks:
     plan: Plan  # the plan for every block of the model
     cut: Plan  # that plan cut to the captured blocks, with their collectives (`Plan.first_blocks`)
     options: dict  # the backend's options for it
+    names: dict  # model, resolution, frames, tokens, blocks, num_blocks, weight_sets: what the report names
+    dtype: str
 
 
 def plan_first_blocks(
@@ -176,7 +178,10 @@ def plan_first_blocks(
 ) -> PlannedBlocks:
     """Steps 1 and 2 of the module docstring: `blocks` blocks of the full-size `model` captured at `resolution`
     on the meta device in `dtype`, planned for `system` (target tt-mlir) as a model of all its blocks, and the
-    plan cut to them. Arguments as `check_full_size`'s; `steps` times the capture and the plan."""
+    plan cut to them. `hardware`: the cost-model profile (default: `system`'s); `weight_sets`: default 2 for the
+    A14B experts; `rewrites`: the backend's passes, run before planning as the backend runs them (``patch_embed``
+    keeps the program free of conv3d, so that fused attention is compiled at optimization_level 1); `steps` times
+    the capture and the plan."""
     import torch
 
     from planner.pins import graph_collectives
@@ -187,7 +192,7 @@ def plan_first_blocks(
     from wancompile.planning import HeadPadder, request_for, solve
 
     spec = get_model(model)
-    spec.tokens(resolution, frames)  # checks resolution and frames before anything slow
+    tokens = spec.tokens(resolution, frames)  # checks resolution and frames before anything slow
     num_blocks = spec.transformer["num_layers"]
     if not 1 <= blocks <= num_blocks:
         raise ValueError(f"blocks must be 1..{num_blocks} for {model}; got {blocks}")
@@ -208,31 +213,18 @@ def plan_first_blocks(
     cut = cut.with_(collectives=graph_collectives(graph, cut))  # the collectives of these blocks alone
     if steps is not None:
         steps.done("plan")
-    return PlannedBlocks(module, gm, graph, plan, cut, options)
+    names = dict(model=model, resolution=resolution, frames=frames, tokens=tokens, blocks=blocks)
+    names |= dict(num_blocks=num_blocks, weight_sets=sets)
+    return PlannedBlocks(module, gm, graph, plan, cut, options, names, dtype)
 
 
 def check_full_size(
-    model: str,
-    mesh: MeshSpec,
-    systems: Iterable[str],
-    out_dir: Path,
-    *,
-    blocks: int = 2,
-    resolution: str = "720p",
-    frames: int = 81,
-    dtype: str = "bfloat16",
-    hardware: Optional[str] = None,
-    memory_gb: Optional[float] = None,
-    weight_sets: Optional[int] = None,
-    rewrites: tuple[str, ...] = (),
-    unannotated: bool = False,
+    model: str, mesh: MeshSpec, systems: Iterable[str], out_dir: Path, *, unannotated: bool = False, **planning
 ) -> FullSizeCheck:
-    """Compile `blocks` blocks of the full-size `model` (a ``wancompile.models`` config) at `resolution`
-    through tt-mlir for each of `systems`, planned for the whole model (module docstring). `hardware`:
-    the cost-model profile (default: the first system's); `weight_sets`: default 2 for the A14B experts;
-    `rewrites`: the backend's passes, run before planning as the backend runs them (``patch_embed`` keeps
-    the program free of conv3d, so that fused attention is compiled at optimization_level 1);
-    `unannotated`: the program also compiled with its plan taken out (`wancompile.tt.parts.PinCost`). Starts the XLA runtime: call it in a process where it has not started."""
+    """Compile the first blocks of the full-size `model` (a ``wancompile.models`` config) through tt-mlir for each
+    of `systems`, planned for the whole model (module docstring) as `plan_first_blocks` plans them for the first
+    system (`planning`: its keywords). `unannotated`: the program also compiled with its plan taken out
+    (`wancompile.tt.parts.PinCost`). Starts the XLA runtime: call it in a process where it has not started."""
     import torch
 
     from planner.forward import evaluate_forward
@@ -241,41 +233,25 @@ def check_full_size(
     from wancompile.models import get_model, transformer_inputs
     from wancompile.tt.check import check_compiled
 
-    spec = get_model(model)
-    tokens = spec.tokens(resolution, frames)  # checks resolution and frames before anything slow
-    num_blocks = spec.transformer["num_layers"]
+    planning.setdefault("resolution", "720p")
+    get_model(model).tokens(planning["resolution"], planning.get("frames", 81))  # before anything slow
     systems, out_dir = _start(systems, out_dir, mesh)
     steps = _Steps()
-    p = plan_first_blocks(
-        model,
-        mesh,
-        systems[0],
-        blocks=blocks,
-        resolution=resolution,
-        frames=frames,
-        dtype=dtype,
-        hardware=hardware,
-        memory_gb=memory_gb,
-        weight_sets=weight_sets,
-        rewrites=rewrites,
-        steps=steps,
-    )
-    save_plan(p.plan, out_dir / f"plan-{num_blocks}-blocks.json")
+    p = plan_first_blocks(model, mesh, systems[0], steps=steps, **planning)
+    blocks = p.names["blocks"]
+    save_plan(p.plan, out_dir / f"plan-{p.names['num_blocks']}-blocks.json")
     saved = save_plan(p.cut, out_dir / f"plan-first-{blocks}-blocks.json")
 
     program = wan_autoshard(p.gm, [], options={**p.options, "plan": str(saved), "dump_dir": str(out_dir)})
     steps.done("lower")
-    dt = getattr(torch, dtype)
-    ran = _trace(program, p.gm, p.module, transformer_inputs(model, resolution, frames, dtype=dt))
+    inputs = transformer_inputs(model, p.names["resolution"], p.names["frames"], dtype=getattr(torch, p.dtype))
+    ran = _trace(program, p.gm, p.module, inputs)
     steps.done("export")
 
     planned = evaluate_forward(program.graph, program.plan, program.plan.hardware, num_blocks=blocks).memory_bytes
     checks = check_compiled([program], systems, out_dir, planned_bytes=lambda _: int(planned), unannotated=unannotated)
     steps.done("compile")
-    sets = p.options["weight_sets"]
-    names = dict(model=model, resolution=resolution, frames=frames, tokens=tokens)
-    names |= dict(blocks=blocks, num_blocks=num_blocks, weight_sets=sets)
-    return _finish(names, program, p.plan.predicted.memory_bytes_per_device, steps, ran, checks)
+    return _finish(p.names, program, p.plan.predicted.memory_bytes_per_device, steps, ran, checks)
 
 
 # a full-size VAE -> the DiT whose latents it decodes (their latent grid: `WanModel.latent_shape`)
