@@ -562,8 +562,7 @@ def _unit_moves(node: Node, ctx: _Ctx) -> bool:
         order = list(range(rank))
         order[a], order[b] = b, a
     else:
-        dims = node.arg(1, "dims")
-        order = [d % rank for d in (dims if isinstance(dims, (list, tuple)) else node.attrs.get("args", [None])[1:])]
+        order = [d % rank for d in _permute_dims(node)]
     kept = [d for d in order if as_number(shape[d]) != 1]
     return kept == sorted(kept)
 
@@ -603,9 +602,14 @@ def _pair_swap(node: Node) -> bool:
         return False
     if node.op == "transpose":
         return _swaps(node, -1, -2)
-    dims = node.arg(1, "dims")
-    dims = tuple(dims) if isinstance(dims, (list, tuple)) else tuple(node.attrs.get("args", [None])[1:])
+    dims = _permute_dims(node)
     return node.op == "permute" and len(dims) == 5 and tuple(d % 5 for d in dims[3:]) == (4, 3)
+
+
+def _permute_dims(node: Node) -> tuple:
+    """A ``permute``'s dims, given as one sequence or as separate arguments."""
+    dims = node.arg(1, "dims")
+    return tuple(dims) if isinstance(dims, (list, tuple)) else tuple(node.attrs.get("args", [None])[1:])
 
 
 def _local_slice(a: Layout, b: Layout, mesh: MeshSpec) -> bool:

@@ -59,6 +59,7 @@ def report(name: str, where: Iterable[str], skipped: Iterable[str]) -> RewriteRe
 
 LINEAR = (torch._C._nn.linear, torch.nn.functional.linear)
 SDPA = (torch._C._nn.scaled_dot_product_attention, torch.nn.functional.scaled_dot_product_attention)
+RMS_NORM = (torch.rms_norm, torch.nn.functional.rms_norm)
 CONV = {
     torch.conv1d: 1,
     torch.conv2d: 2,

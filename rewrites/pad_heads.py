@@ -49,6 +49,7 @@ import torch.fx as fx
 
 from ._core import (
     LINEAR,
+    RMS_NORM,
     SDPA,
     Emitter,
     RewriteReport,
@@ -67,7 +68,6 @@ from ._core import (
 )
 
 NAME = "pad_heads"
-_RMS_NORM = (torch.rms_norm, torch.nn.functional.rms_norm)
 _PAD = torch.nn.functional.pad
 
 
@@ -170,7 +170,7 @@ def _pad(graph: fx.Graph, sdpas: list[fx.Node], path: str, target: int) -> None:
             sizes = tuple(n.args[2])
             if sizes and sizes[0] == heads:
                 n.args = (n.args[0], n.args[1], (target,) + sizes[1:])
-        elif calls(n, _RMS_NORM):
+        elif calls(n, RMS_NORM):
             x, normalized, gamma = n.args[0], tuple(n.args[1]), n.args[2] if len(n.args) > 2 else None
             eps = n.args[3] if len(n.args) > 3 else n.kwargs.get("eps")
             if normalized[-1] != heads * head_dim:

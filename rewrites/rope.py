@@ -73,6 +73,7 @@ import torch.fx as fx
 
 from ._core import (
     LINEAR,
+    RMS_NORM,
     SDPA,
     Emitter,
     RewriteContext,
@@ -248,8 +249,9 @@ class _Back:
 _APART = (0, 2, 1, 4, 3)  # [B, S, H, D/2, 2] <-> [B, H, S, 2, D/2]
 
 
-# ops a rotated q or k passes through on its way into an attention that neither mix nor cut the head dim
-_CARRY = {"type_as", "to", "float", "contiguous"}
+# ops that neither mix nor cut the head dim: a rotated q or k passes them on its way into an attention, and a
+# projection's output on its way to the rotation
+_CARRY = {"type_as", "to", "float", "bfloat16", "contiguous"}
 
 
 def _carried(node: fx.Node) -> bool:
@@ -329,10 +331,6 @@ def _halves_from_weights(graph: fx.Graph, site: _Back) -> None:
     graph.erase_node(unflatten)
 
 
-_RMS_NORM = (torch.rms_norm, torch.nn.functional.rms_norm)
-_CASTS = ("to", "float", "bfloat16", "type_as")
-
-
 def _sources(x: fx.Node) -> Optional[list[tuple[fx.Node, fx.Node]]]:
     """(reader, parameter) for every parameter whose dim 0 lays out x's head dim, read by the op reading it: the
     projection's weight and bias (or, packed by `qkv`, x's part of them) and the across-heads norm's weight; None
@@ -342,13 +340,13 @@ def _sources(x: fx.Node) -> Optional[list[tuple[fx.Node, fx.Node]]]:
     found: list[tuple[fx.Node, fx.Node]] = []
     prev, y = x, x.args[0]
     while isinstance(y, fx.Node) and _read_only_by(y, prev):
-        if calls(y, _RMS_NORM):
+        if calls(y, RMS_NORM):
             normalized = tuple(y.args[1] if len(y.args) > 1 else y.kwargs["normalized_shape"])
             weight = y.args[2] if len(y.args) > 2 else y.kwargs.get("weight")
             if normalized != shape(y)[-1:] or not (weight is None or _parameter(weight)):
                 return None
             found += [(y, weight)] if weight is not None else []
-        elif y.op == "call_method" and y.target in _CASTS:
+        elif y.op == "call_method" and y.target in _CARRY:
             pass
         elif calls(y, LINEAR):
             _, w, b = linear_args(y)

@@ -14,10 +14,8 @@ from planner.mesh import parse_mesh
 from planner.ttnn_kernels import Kernels, plan_kernels
 
 
-@pytest.fixture(scope="module")
-def bf16_graph():
-    """The tiny DiT as a pipeline loads it (bf16), captured as dynamo hands it to the backend."""
-    from wancompile.capture import capture_module
+def _tiny_bf16():
+    """The tiny DiT and its inputs as a pipeline loads them (bf16)."""
     from wancompile.models import as_loaded, build_transformer, transformer_inputs
 
     model = as_loaded(build_transformer("tiny"), torch.bfloat16)
@@ -25,6 +23,15 @@ def bf16_graph():
         k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
         for k, v in transformer_inputs("tiny", "tiny", 9).items()
     }
+    return model, inputs
+
+
+@pytest.fixture(scope="module")
+def bf16_graph():
+    """The tiny DiT as a pipeline loads it (bf16), captured as dynamo hands it to the backend."""
+    from wancompile.capture import capture_module
+
+    model, inputs = _tiny_bf16()
     return capture_module(model, **inputs, return_dict=False, model="tiny")[0]
 
 
@@ -32,13 +39,8 @@ def _rope_graph(rotary_kernel: bool):
     """The tiny bf16 DiT after the `rope` rewrite, in the stack form or the rotary form it writes for tt-mlir."""
     from rewrites import RewriteContext, apply_rewrites
     from wancompile.capture import annotate, capture_fx
-    from wancompile.models import as_loaded, build_transformer, transformer_inputs
 
-    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
-    inputs = {
-        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for k, v in transformer_inputs("tiny", "tiny", 9).items()
-    }
+    model, inputs = _tiny_bf16()
     gm = capture_fx(model, **inputs, return_dict=False)
     apply_rewrites(gm, ["rope"], RewriteContext(rotary_kernel=rotary_kernel))
     gm.recompile()
@@ -49,15 +51,10 @@ def _rewritten_for_tt(mesh: str):
     """The tiny bf16 DiT with every rewrite the backend runs for tt-mlir on `mesh`, annotated for the planner."""
     from wancompile.backend import rewrite_graph
     from wancompile.capture import annotate, capture_fx
-    from wancompile.models import as_loaded, build_transformer, transformer_inputs
     from wancompile.options import Options
     from wancompile.planning import request_for
 
-    model = as_loaded(build_transformer("tiny"), torch.bfloat16)
-    inputs = {
-        k: v.to(torch.bfloat16) if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-        for k, v in transformer_inputs("tiny", "tiny", 9).items()
-    }
+    model, inputs = _tiny_bf16()
     opts = Options.from_user({"mesh": mesh, "target": "tt-mlir", "rewrites": "all"})
     gm = capture_fx(model, **inputs, return_dict=False)
     return annotate(rewrite_graph(gm, request_for(opts, parse_mesh(mesh)), opts.rewrites)[0], model="tiny")
