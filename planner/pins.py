@@ -159,7 +159,11 @@ def _routed(graph: Graph, acts: tuple[ActivationConstraint, ...], ev, mesh, targ
         # Shardy, it reshapes the split value itself and tt-mlir refuses the result ("number of output
         # elements (7680) doesn't match expected number of elements (3840)": Animate's face adapter,
         # tokens split 2 ways viewed as 3 frames x 16)
-        if vias or (node.op in _RESHAPES and want != lays[0]):
+        # and so does sp_pad's cut of K or V back to the real tokens (`Target.padded_keys` "slice"): left to GSPMD, the
+        # slice of a token-split value is partitioned by itself (padded to the split, a collective-permute, then a
+        # gather of the cut), where the plan, as Shardy, gathers first and slices locally
+        cut = node.op == "getitem" and all(u.op == "scaled_dot_product_attention" for u in graph.users(name))
+        if vias or ((node.op in _RESHAPES or cut) and want != lays[0]):
             out.append(
                 ActivationConstraint(
                     node.location,

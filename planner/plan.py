@@ -65,7 +65,7 @@ from planner.plan_records import (
     Spec,
     spec_to_json,
 )
-from planner.records import ADDED, HIDDEN, OMIT, Codec, Record, Schema
+from planner.records import ADDED, OMIT, Codec, Record, Schema
 
 # 2: typed decisions (options, exclusions, cost split, block-generic scope as data) replaced the
 # prose ``note``; collectives may carry ``reason``/``seconds``.
@@ -162,8 +162,9 @@ class Plan(Record):
     # the main program's kernels per part of the model as the target's compiler built it (`wancompile tt-check`)
     compiled_kernels: Annotated[tuple[CompiledKernels, ...], OMIT] = ()
     # the predicted collectives in the target's own terms where the graph was needed to tell them
-    # (planner.pins.target_collectives); empty: `Target.lower` of `collectives`
-    target_collectives: Annotated[tuple[Collective, ...], HIDDEN] = field(default=(), compare=False)
+    # (planner.pins.target_collectives); empty: `Target.lower` of `collectives`. Written, so that a plan read back
+    # (tt-check adds what it compiled to the plan.json it wrote) predicts what tt-check held the program against
+    target_collectives: Annotated[tuple[Collective, ...], OMIT] = field(default=(), compare=False)
     # The DiT geometry the plan was made for (`model_geometry`): heads, head_dim, tokens (an int, or the
     # symbolic expression whose divisibility `guards` state). Checked by `check`; {} for other graphs.
     geometry: Annotated[Mapping[str, Any], OMIT, _GEOMETRY] = field(default_factory=dict, hash=False)

@@ -190,11 +190,15 @@ class RewriteRecord(Record):
     count: Annotated[int, NonNeg]
     where: tuple[str, ...] = ()
     skipped: Annotated[tuple[str, ...], OMIT] = ()  # one 'module path: reason' each
+    # why it ran: the user asked for it, the saved plan was made with it, or the target's default and its reason
+    why: Annotated[str, OMIT] = ""
 
     def to_json(self) -> dict:
         out = {"name": self.name, "count": self.count, "where": list(self.where)}
         if self.skipped:
             out["skipped"] = list(self.skipped)
+        if self.why:
+            out["why"] = self.why
         return out
 
 

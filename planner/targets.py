@@ -89,6 +89,17 @@ class Target:
     # its compiler fuses a rotate-half RoPE on [B, heads, tokens, head_dim] into one kernel (tt-mlir's
     # RoPERotateHalfFusingPattern -> ttnn.rotary_embedding), so the `rope` rewrite writes that form
     rotary_kernel: bool = False
+    # how attention ignores the keys `sp_pad` adds (`rewrites.RewriteContext.padded_keys`): "mask", a boolean
+    # [1, 1, 1, L + P] key mask as SDPA's attn_mask; "slice", K and V cut back to the L real tokens before each
+    # self-attention, no mask. tt-mlir: TTNN's fused attention takes a mask only as [B, 1|H, L_q, L_k] in DRAM
+    # (tt-metal's sdpa_device_operation.cpp: "Mask sequence length must match Q sequence length"), so tt-mlir
+    # repeats a key mask to each chip's L_q x L_k (A14B 480p on bh-2x4: [1, 1, 8192, 32768] bf16, 537 MB per chip,
+    # read by every self-attention); K and V of L tokens, not whole tiles, the kernel masks in L1 itself
+    # (sdpa_program_factory.cpp's ``use_padded_mask``)
+    padded_keys: str = "mask"
+    # the graph rewrites (`rewrites.PASS_NAMES`) a compile for it runs where the user names none (the backend's
+    # ``rewrites`` option, ``--rewrites``), each with why: (pass, reason) in pass order. A user's choice wins.
+    default_rewrites: tuple[tuple[str, str], ...] = ()
 
     def halos_as(self, name: str) -> bool:
         """Whether target `name` gets a spatially split convolution's halo the way this one does (`spatial_halo`)."""
@@ -166,6 +177,20 @@ TARGETS = {
         composites=("attention", "layer_norm", "rms_norm", "gelu"),
         composites_need_split_boundary=True,
         rotary_kernel=True,
+        padded_keys="slice",
+        default_rewrites=(
+            ("qkv", "q, k and v projected by one matmul on a weight packed once, not three per call"),
+            ("rmsnorm", "the VAE's normalize-scale chain as one rms_norm, a fused TTNN kernel"),
+            ("conv1x1", "a 1x1x1 conv3d as the linear it is: a matmul, no ttnn.conv3d"),
+            (
+                "patch_embed",
+                "the patch-embed conv3d as a linear: a DiT with no conv3d is compiled at optimization_level 1, "
+                "where attention is one fused ttnn.scaled_dot_product_attention (at level 0 it is decomposed and "
+                "every score matrix is in DRAM: A14B 720p needs 108 GiB per chip)",
+            ),
+            ("rope", "RoPE in the rotate-half form tt-mlir fuses into one ttnn.rotary_embedding"),
+            ("sp_pad", "tokens padded once where the SP split does not divide them, instead of no SP there"),
+        ),
         no_ring_attention="no ring SDPA lowering in tt-mlir (tt-mlir #7598)",
         meshes=frozenset(
             {(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (1, 32), (1, 64), (2, 2), (2, 4), (2, 8), (4, 4), (4, 8)}

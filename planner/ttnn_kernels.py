@@ -28,6 +28,9 @@ cast to another dtype                  one ``typecast``, free where an elementwi
                                        writes the new dtype itself)
 dropout, clone, same-dtype casts       none
 tuple pick (chunk, unbind)             one ``slice_static``
+sp_pad's K/V cut (``padded_keys``      one ``slice_static`` each, K and V: the permute into the attention
+"slice")                               stays absorbed; no mask (a key mask, the ``"mask"`` form, is repeated
+                                       to L_q x L_k once per call, beside the prologue)
 a chain of views                       one ``reshape`` where the shape a consumer reads differs from the
                                        shape its producer wrote (a linear reads and writes 2-D); a permute
                                        into or out of an attention is absorbed, any other a ``permute``
@@ -529,7 +532,7 @@ def _permute(graph: Graph, node: Node, ctx: _Ctx) -> Kernels:
     such a reorder none (merged into it); any other one ``permute``, and a ``reshape`` before it where the value
     it reads was written in another shape (the head split before RoPE's heads-first transpose), both one
     ``reshape`` where on a chip it only moves dims of size 1 (one head per chip)."""
-    near = [graph[i] for i in node.inputs] + graph.users(node.name)
+    near = [graph[i] for i in node.inputs] + _readers_past_key_cuts(graph, node)
     if any(x.op == "scaled_dot_product_attention" for x in near):
         return _k()
     if _pair_swap(node):
@@ -581,10 +584,30 @@ def _merged_transpose(graph: Graph, node: Node) -> bool:
             if u.op in CASTS:
                 todo.append(u)
             elif u.op in ("permute", "transpose") and any(
-                w.op == "scaled_dot_product_attention" for w in graph.users(u.name)
+                w.op == "scaled_dot_product_attention" for w in _readers_past_key_cuts(graph, u)
             ):
                 return True
     return False
+
+
+def _key_cut(graph: Graph, node: Node) -> bool:
+    """Whether `node` is sp_pad's cut of an attention's K or V back to the real tokens (its ``padded_keys="slice"``
+    form): a slice of dim -2 that only attentions read. TTNN runs it as one ``slice_static`` (`_getitem`) on the
+    value the permute into the attention made, so the permute stays absorbed."""
+    if node.op != "getitem" or not node.outputs or not node.inputs:
+        return False
+    src = graph[node.inputs[0]]
+    users = graph.users(node.name)
+    if not src.outputs or not users or any(u.op != "scaled_dot_product_attention" for u in users):
+        return False
+    a, b = tuple(src.out.shape), tuple(node.out.shape)
+    return len(a) == len(b) >= 2 and a[:-2] == b[:-2] and a[-1] == b[-1] and a[-2] != b[-2]
+
+
+def _readers_past_key_cuts(graph: Graph, node: Node) -> list[Node]:
+    """`node`'s readers, an attention reading it through a K/V cut (`_key_cut`) among them."""
+    users = graph.users(node.name)
+    return users + [w for u in users if _key_cut(graph, u) for w in graph.users(u.name)]
 
 
 def _swaps(node: Node, a: int, b: int) -> bool:

@@ -28,6 +28,9 @@ class RewriteContext:
     # the target's compiler runs a rotate-half RoPE on [B, heads, tokens, head_dim] as one kernel (tt-mlir:
     # ttnn.rotary_embedding), so rope writes that form
     rotary_kernel: bool = False
+    # how sp_pad keeps self-attention off the padded keys (`planner.targets.Target.padded_keys`): "mask" (a boolean
+    # key mask as attn_mask) or "slice" (K and V cut back to the real tokens in each self-attention, no mask)
+    padded_keys: str = "mask"
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,38 @@
-"""Sequence padding for SP: pad the tokens once, mask padded keys, cut once — no per-block K/V slices.
+"""Sequence padding for SP: pad the tokens once, keep self-attention off the padded keys, cut once.
 
 When the token count L is not a multiple of ``context.sp_multiple`` (SP degree × tile), sharding L
-needs padding. Slicing K and V back to L in every self-attention keeps attention exact but costs two
-slices per block (seed 000, ``docs/seeds.md``: 3.4 s/iteration at 480p on Galaxy). This pass instead::
+needs padding. This pass pads the block stack's tokens once and cuts them once::
 
     # block-stack entry, once per token tensor (hidden states, rope tables, per-token timestep proj)
     x = F.pad(x, [0, 0, ..., 0, P])                     # L → L + P along its token dim
+    # every self-attention, in the form the target wants (``context.padded_keys``, `Target.padded_keys`):
+    #   "mask":  a boolean key mask, built once
     key_mask = (torch.arange(L + P) < L).view(1, 1, 1, L + P)
-    # every self-attention
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=key_mask)
+    #   "slice": K and V cut back to the L real tokens (the SDPA's dim -2), no mask
+    out = F.scaled_dot_product_attention(q, k[:, :, :L], v[:, :, :L])
     # exit, before the unpatchify reshape, once
     y = y[:, :L]
 
+Which form: the key mask costs nothing where the attention kernel broadcasts it (gspmd: XLA adds the
+[1, 1, 1, L + P] mask to the scores). TTNN's fused attention (tt-mlir) takes a mask only as
+[B, 1|H, L_q, L_k] in DRAM, so tt-mlir ``ttnn.repeat``s the key mask to each chip's L_q × L_k, a tensor as large
+as one head's score matrix (A14B 480p on bh-2x4: [1, 1, 8192, 32768] bf16, 537 MB per chip), which every
+self-attention reads; handed K and V of L tokens (not a whole number of tiles) and no mask, the kernel masks
+the last tile's padding itself, in L1 (tt-metal's sdpa_program_factory.cpp, ``use_padded_mask``). The slices
+are local: a self-attention reads K and V whole on the tokens (SP gathers them; the planner's rule for a partial
+slice of a split dim gathers first, and `planner.pins` pins the cut's input whole so that GSPMD does too), so the
+form costs two ``slice_static`` kernels per block and no collective. Their price: by bytes, 4 x K per block
+(read and write, K and V) against the mask's H_local x L_q x L_k read by every self-attention (A14B 480p on
+bh-2x4, 8,192 queries a chip: 16x less); on hardware the seed (``docs/seeds.md``, seed 000) measured its
+per-block K/V slice-backs at ~41 ms each on a Wormhole Galaxy at 480p (+3.3 s per iteration for 81), far above a
+DRAM round trip: the open question for this form (`planner.published`).
+
 Why it is exact: inside a Wan block only attention mixes tokens — every other op is per token — so
-the P padded rows never reach a real row except as keys, and the mask gives them zero weight (a real
-query still sees all L real keys, so no row is fully masked). Padded rows compute finite values
-(zeros through LayerNorm/RMSNorm stay finite) that the exit cut drops. Cross-attention keys come
-from the prompt, not from padded tensors, and are left alone.
+the P padded rows never reach a real row except as keys, and the mask gives them zero weight, or the
+slice drops them (a real query still sees all L real keys, so no row is fully masked). Padded rows
+compute finite values (zeros through LayerNorm/RMSNorm stay finite) that the exit cut drops.
+Cross-attention keys come from the prompt, not from padded tensors, and are left alone.
 
 Where: the block stack is the nodes of modules ``blocks.N`` and of every further top-level block family
 (VACE's ``vace_blocks.N``: its hints are added to the main stream, so both stacks run on L + P tokens
@@ -27,8 +43,9 @@ a tensor feeding ``attn2``, the prompt, never is), or with L at an inner dim: di
 (SkyReels-V2 DF) gives every token its own timestep, so the blocks read a (B, 6, L, D) projection
 that each block chunks on dim 1 into (B, L, D) modulations; it is padded on dim 2 (padded rows are
 the table alone: finite, and read only by padded rows). Exits are the region's values read outside it. Before
-touching the graph the pass re-runs every op of the stack on padded FakeTensors; if one rejects them
-(a hard-coded length), the graph is left unchanged and the reason reported.
+touching the graph the pass re-runs every op of the stack on padded FakeTensors (and each self-attention
+on its mask or its sliced K and V); if one rejects them (a hard-coded length), the graph is left unchanged
+and the reason reported.
 
 A hand matcher, not `rewrites._pattern`: what it rewrites is not a fixed subgraph but a region (every
 op of the block stack, however deep) chosen by shapes (which tensors carry L, at which dim).
@@ -61,15 +78,18 @@ from ._registry import Rewrite, register
 
 BLOCK = re.compile(r"^(\w+_)?blocks\.\d+(\.|$)")  # every top-level block family: blocks.N, vace_blocks.N
 CROSS_ATTENTION = re.compile(r"(^|\.)attn2(\.|$)")
+FORMS = ("mask", "slice")  # `RewriteContext.padded_keys`
 
 
 def pad_tokens(gm: fx.GraphModule, context: RewriteContext = RewriteContext()) -> RewriteReport:
+    if context.padded_keys not in FORMS:
+        raise ValueError(f"padded_keys={context.padded_keys!r}: choose one of {', '.join(FORMS)}")
     if context.sp_multiple <= 1:
         return report("sp_pad", (), ())
     if not any(BLOCK.match(module_path(n)) for n in gm.graph.nodes if n.op.startswith("call")):
         return report("sp_pad", (), ())  # not a DiT block stack (a VAE graph): nothing to pad
     try:
-        plan = _Plan(gm.graph, context.sp_multiple)
+        plan = _Plan(gm.graph, context.sp_multiple, context.padded_keys)
     except Skip as why:
         return report("sp_pad", (), (str(why),))
     if plan.pad == 0:  # nothing to pad: no candidate left unchanged
@@ -83,7 +103,8 @@ register(
     Rewrite(
         "sp_pad",
         pad_tokens,
-        "the blocks.N stack when L % sp_multiple != 0 -> pad once at entry, key-mask self-attention, one cut at exit",
+        "the blocks.N stack when L % sp_multiple != 0 -> pad once at entry, key-mask self-attention (or cut its K and V"
+        " back to L: padded_keys='slice'), one cut at exit",
         order=90,  # last: pads the graph the other passes produced
     )
 )
@@ -92,8 +113,9 @@ register(
 class _Plan:
     """What to pad, mask and cut, worked out (and checked on FakeTensors) before the graph changes."""
 
-    def __init__(self, graph: fx.Graph, multiple: int) -> None:
+    def __init__(self, graph: fx.Graph, multiple: int, form: str = "mask") -> None:
         self.graph = graph
+        self.form = form
         self.nodes = list(graph.nodes)
         self.region = self._block_stack()
         self.tokens = self._token_count()
@@ -200,11 +222,20 @@ class _Plan:
         for node in self.nodes:
             if node not in self.region:
                 continue
-            kwargs = dict(node.kwargs)
-            if node in self.self_attention:
+            args, kwargs = node.args, dict(node.kwargs)
+            if node in self.self_attention and self.form == "mask":
                 kwargs["attn_mask"] = mask
+            elif node in self.self_attention:  # "slice": K and V cut back to the real tokens
+                for index, name in ((1, "key"), (2, "value")):
+                    padded = lookup(_sdpa_arg(node, index, name))
+                    if not isinstance(padded, torch.Tensor) or padded.shape[-2] != self.tokens + self.pad:
+                        raise Skip(
+                            f"{module_path(node)}: its {name} does not hold the {self.tokens + self.pad} padded tokens at dim -2"
+                        )
+                    cut = evaluate("call_function", operator.getitem, (padded, self._real_keys(padded)), {})
+                    args, kwargs = _with_sdpa_arg(args, kwargs, index, name, cut)
             try:
-                values[node] = evaluate(node.op, node.target, node.args, kwargs, lookup)
+                values[node] = evaluate(node.op, node.target, args, kwargs, lookup)
             except Exception as error:  # any op that cannot take L + P tokens
                 raise Skip(
                     f"{module_path(node)}: {node.name} does not accept {self.tokens + self.pad} tokens "
@@ -221,6 +252,10 @@ class _Plan:
         """``F.pad`` widths (last dim first) that pad the token dim of an entry by P at its end."""
         return [0, 0] * (value(node).dim() - 1 - self._token_dim(node)) + [0, self.pad]
 
+    def _real_keys(self, kv: Any) -> tuple:
+        """The index that cuts a K or V (tokens at dim -2) back to the real tokens."""
+        return (slice(None),) * (kv.dim() - 2) + (slice(None, self.tokens),)
+
     def _device(self) -> torch.device:
         return value(_sdpa_arg(self.self_attention[0], 1, "key")).device
 
@@ -234,20 +269,38 @@ class _Plan:
                 torch.nn.functional.pad, entry, self._widths(entry), name=f"{entry.name}_padded"
             )
             entry.replace_all_uses_with(padded, delete_user_cb=lambda user: user in self.region)
-        mask = self._emit_key_mask()
-        for node in self.self_attention:
-            if len(node.args) > 3:
-                node.update_arg(3, mask)
-            else:
-                node.update_kwarg("attn_mask", mask)
+        if self.form == "mask":
+            mask = self._emit_key_mask()
+            for node in self.self_attention:
+                if len(node.args) > 3:
+                    node.update_arg(3, mask)
+                else:
+                    node.update_kwarg("attn_mask", mask)
         for node, v in self.values.items():
             if node in self.region and "example_value" in node.meta:
                 node.meta["example_value"] = v
+        if self.form == "slice":  # after the padded example values: the cuts are computed from them
+            for node in self.self_attention:
+                self._cut_keys(node)
         for node in self.exits:
             cut = Emitter(self.graph, node, node, after=True).getitem(
                 node, (slice(None), slice(None, self.tokens)), name=f"{node.name}_unpadded"
             )
             node.replace_all_uses_with(cut, delete_user_cb=lambda user: user not in self.region and user is not cut)  # noqa: B023 (called here)
+
+    def _cut_keys(self, node: fx.Node) -> None:
+        """Self-attention `node` reads its K and V cut back to the real tokens (one cut where K is V), made right
+        before it in its module (the attention's: the planner prices them with its macro)."""
+        emit = Emitter(self.graph, node, node)
+        cuts: dict[fx.Node, fx.Node] = {}
+        for index, name in ((1, "key"), (2, "value")):
+            kv = _sdpa_arg(node, index, name)
+            if kv not in cuts:
+                cuts[kv] = emit.getitem(kv, self._real_keys(value(kv)), name=f"{kv.name}_real")
+            if len(node.args) > index:
+                node.update_arg(index, cuts[kv])
+            else:
+                node.update_kwarg(name, cuts[kv])
 
     def _emit_key_mask(self) -> fx.Node:
         first = next(n for n in self.nodes if n in self.region)
@@ -263,6 +316,13 @@ def _is_parameter(node: fx.Node) -> bool:
 
 def _key_mask_value(tokens: int, pad: int, device: torch.device) -> torch.Tensor:
     return (torch.arange(tokens + pad, device=device) < tokens).view(1, 1, 1, tokens + pad)
+
+
+def _with_sdpa_arg(args: tuple, kwargs: dict, index: int, name: str, new: Any) -> tuple[tuple, dict]:
+    """An SDPA call's (args, kwargs) with argument `index` / `name` replaced by `new`."""
+    if len(args) > index:
+        return (*args[:index], new, *args[index + 1 :]), kwargs
+    return args, {**kwargs, name: new}
 
 
 def _sdpa_arg(node: fx.Node, index: int, name: str) -> Any:

@@ -24,7 +24,9 @@ def tiny_dirs(tmp_path_factory):
     }.items():
         d = tmp_path_factory.mktemp(name)
         hardware = "wh-galaxy" if "8x4" in name else "wh-loudbox"  # a profile at least as large as the mesh
-        assert main(["plan", *TINY, "--hardware", hardware, *extra, "--out", str(d)]) == 0
+        # the unmodified model's plans (what `export` applies specs to, and ops named as diffusers' graph has them);
+        # tt-mlir's default rewrites: test_plan_for_tenstorrent_runs_the_target_s_rewrites_and_says_why
+        assert main(["plan", *TINY, "--hardware", hardware, *extra, "--rewrites", "none", "--out", str(d)]) == 0
         out[name] = d
     return out
 
@@ -112,6 +114,22 @@ def test_explain_a_decision_names_choice_cost_collectives_and_alternatives(tiny_
         f"({delta:+.3f} ms)"
     ) in lines
     assert "options priced (ms per forward): " in out and "=0.0" in out  # each option priced on its own
+
+
+def test_plan_for_tenstorrent_runs_the_target_s_rewrites_and_says_why(tmp_path, capsys):
+    """A Tenstorrent profile plans for tt-mlir, whose default is every rewrite (the program that compiles fused);
+    plan.json says why each ran, and `export`, which applies specs to the unmodified model, says how to re-plan."""
+    from rewrites import PASS_NAMES
+
+    assert main(["plan", *TINY, "--mesh", "2x4", "--hardware", "wh-loudbox", "--out", str(tmp_path)]) == 0
+    data = json.loads((tmp_path / "plan.json").read_text())
+    assert data["target"] == "tt-mlir"
+    assert [r["name"] for r in data["rewrites"]] == list(PASS_NAMES)
+    assert all(r["why"].startswith("tt-mlir's default: ") for r in data["rewrites"])
+    assert {r["name"]: r["count"] for r in data["rewrites"]}["patch_embed"] == 1
+    capsys.readouterr()
+    assert main(["export", str(tmp_path), "-o", str(tmp_path / "sharding.py")]) == 2
+    assert "--rewrites none" in capsys.readouterr().err
 
 
 def test_explain_a_parameter_and_an_op(tiny_dirs, capsys):

@@ -83,7 +83,8 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         opts, asked, target=opts.target or (saved.target if saved else None), on_target_mesh=opts.xla_mesh is None
     )
     mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(request.mesh)
-    gm, records = rewrite_graph(gm, request, opts.rewrites)
+    rewrites, why = opts.rewrites_for(request.target.name, tuple(r.name for r in saved.rewrites) if saved else None)
+    gm, records = rewrite_graph(gm, request, rewrites, why)
     graph = annotate(gm)
     family = family_of(graph)  # what the graph is: the planner's one dispatcher (planner.families)
     model = Component.of(family.name if family is not None else None)
@@ -107,7 +108,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
     unpadded = graph
     gm, graph = padder.graphs(plan.head_padding)  # the graph the plan names: heads padded where it chose
     if saved is not None:
-        _check_rewrites(plan, opts)
+        _check_rewrites(plan, opts, rewrites)
     elif records:
         plan = plan.with_(rewrites=records)
     plan = plan.with_(target=request.target.name)
@@ -190,12 +191,13 @@ def program_name(plan: Plan) -> str:
 
 
 def rewrite_graph(
-    gm: fx.GraphModule, request: PlanRequest, rewrites: tuple[str, ...]
+    gm: fx.GraphModule, request: PlanRequest, rewrites: tuple[str, ...], why: Optional[Mapping[str, str]] = None
 ) -> tuple[fx.GraphModule, tuple[RewriteRecord, ...]]:
     """Run the `rewrites` (pass names) on a copy of dynamo's graph, as the backend does before
     planning; sp_pad pads tokens to a multiple of the SP degree (the first axis of the request's mesh)
-    times the hardware's tile; rope writes the form the target fuses (`Target.rotary_kernel`). Returns the graph
-    and the records a plan made for it carries."""
+    times the hardware's tile and keeps attention off the padded keys as the target wants (`Target.padded_keys`);
+    rope writes the form the target fuses (`Target.rotary_kernel`). Returns the graph
+    and the records a plan made for it carries, each with its reason from `why` (`Options.rewrites_for`)."""
     if not rewrites:
         return gm, ()
     from rewrites import RewriteContext, apply_rewrites
@@ -203,13 +205,20 @@ def rewrite_graph(
     mesh = request.mesh
     sp = mesh.shape[0] if len(mesh.shape) >= 2 else 1
     gm = fx.GraphModule(gm, gm.graph.__deepcopy__())
-    context = RewriteContext(sp_multiple=sp * request.hw.tile, rotary_kernel=request.target.rotary_kernel)
+    context = RewriteContext(
+        sp_multiple=sp * request.hw.tile,
+        rotary_kernel=request.target.rotary_kernel,
+        padded_keys=request.target.padded_keys,
+    )
     gm, reports = apply_rewrites(gm, rewrites, context)
     gm.recompile()
     for r in reports:  # a pass that left a candidate unchanged says so (and the plan records it)
         for reason in r.skipped:
             log.warning("wan_autoshard rewrite %s left a candidate unchanged: %s", r.name, reason)
-    return gm, tuple(RewriteRecord(r.name, r.count, tuple(r.where), tuple(r.skipped)) for r in reports)
+    why = why or {}
+    return gm, tuple(
+        RewriteRecord(r.name, r.count, tuple(r.where), tuple(r.skipped), why.get(r.name, "")) for r in reports
+    )
 
 
 def _with_rewrites(e: InfeasiblePlanError, records: tuple[RewriteRecord, ...]) -> InfeasiblePlanError:
@@ -232,13 +241,13 @@ def _with_rewrites(e: InfeasiblePlanError, records: tuple[RewriteRecord, ...]) -
     )
 
 
-def _check_rewrites(plan: Plan, opts: Options) -> None:
+def _check_rewrites(plan: Plan, opts: Options, rewrites: tuple[str, ...]) -> None:
     made_with = tuple(r.name for r in plan.rewrites)
-    if set(made_with) != set(opts.rewrites):
+    if set(made_with) != set(rewrites):
         raise PlanError(
             f"plan {opts.plan} was made with rewrites {list(made_with) or 'none'} but this compile runs "
-            f"{list(opts.rewrites) or 'none'}; the plan's locations name ops of the rewritten graph, so pass "
-            f"rewrites={list(made_with) or 'none'!r}"
+            f"{list(rewrites) or 'none'}; the plan's locations name ops of the rewritten graph, so pass "
+            f"rewrites={list(made_with) or 'none'!r} (or leave the option out: a saved plan's rewrites are the default)"
         )
 
 

@@ -43,8 +43,9 @@ class Options:
     memory_gb: Optional[float] = None
     # On the first call, compare against the same graph unsharded and raise on mismatch.
     verify: bool = False
-    # Graph rewrites to run before planning: a tuple of names from REWRITE_NAMES.
-    rewrites: tuple[str, ...] = ()
+    # Graph rewrites to run before planning: a tuple of names from REWRITE_NAMES; None (not given): those of the saved
+    # plan it runs, else the target's default (`rewrites_for`: tt-mlir runs every pass, gspmd none).
+    rewrites: Optional[tuple[str, ...]] = None
     # Weight sets resident per device that the memory budget must hold (2 for both Wan 2.2 A14B experts).
     weight_sets: int = 1
     # CFG parallel for batch-2 DiT graphs (planner.cfg): "auto" (the cost model decides), "on", "off".
@@ -71,6 +72,21 @@ class Options:
         from planner.targets import default_target
 
         return self.target or default_target(self.hardware)
+
+    def rewrites_for(self, target: str, saved: Optional[tuple[str, ...]] = None) -> tuple[tuple[str, ...], dict]:
+        """The passes a compile for `target` runs, in pass order, and why each (pass -> reason, as plan.json's
+        ``rewrites[].why``): the ``rewrites`` option when given, else those a saved plan it runs was made with
+        (`saved`: its locations name ops of that rewritten graph), else the target's default
+        (`planner.targets.Target.default_rewrites`)."""
+        from planner.targets import get_target
+
+        if self.rewrites is not None:
+            return self.rewrites, {n: "asked for (the rewrites option)" for n in self.rewrites}
+        if saved is not None:
+            return saved, {n: "the saved plan was made with it" for n in saved}
+        default = get_target(target).default_rewrites
+        names = tuple(n for n in REWRITE_NAMES if n in dict(default))
+        return names, {n: f"{target}'s default: {why}" for n, why in default}
 
     @classmethod
     def from_user(
@@ -212,7 +228,7 @@ def _parse(raw: dict[str, Any]) -> Options:
         plan=plan,
         memory_gb=memory_gb,
         verify=verify,
-        rewrites=parse_rewrites(raw.get("rewrites", "none")),
+        rewrites=parse_rewrites(raw.get("rewrites")),
         weight_sets=int(weight_sets),
         cfg_parallel=_parse_cfg(raw.get("cfg_parallel", "auto")),
         cfg_pair_splittable=cfg_pair_splittable,
@@ -278,8 +294,14 @@ def _default_names(ndim: int) -> tuple[str, ...]:
         raise OptionsError(f"option 'mesh': {e}") from None
 
 
-def parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
+def parse_rewrites(value: Union[str, list, tuple, None]) -> Optional[tuple[str, ...]]:
+    """Pass names from 'all', 'none', 'default' (None: the target's, `Options.rewrites_for`), a comma-separated
+    string or a list."""
+    if value is None:
+        return None
     if isinstance(value, str):
+        if value.strip().lower() == "default":
+            return None
         if value.strip().lower() == "all":
             return REWRITE_NAMES
         if value.strip().lower() in ("none", ""):
@@ -289,6 +311,7 @@ def parse_rewrites(value: Union[str, list, tuple]) -> tuple[str, ...]:
     bad = [n for n in names if n not in REWRITE_NAMES]
     if bad:
         raise OptionsError(
-            f"option 'rewrites': unknown pass(es) {bad}; use 'all', 'none', or names from {list(REWRITE_NAMES)}"
+            f"option 'rewrites': unknown pass(es) {bad}; use 'all', 'none', 'default' (the target's), or names from "
+            f"{list(REWRITE_NAMES)}"
         )
     return names

@@ -109,9 +109,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--rewrites",
-        default="none",
-        help="graph rewrites to run before planning, as the backend's `rewrites` option: 'all', 'none' "
-        "(default) or a comma-separated list of {passes}",
+        default="default",
+        help="graph rewrites to run before planning, as the backend's `rewrites` option: 'all', 'none', "
+        "'default' (the target's: every pass for tt-mlir, none for gspmd) or a comma-separated list of {passes}",
     )
     plan.add_argument(
         "--preset",
@@ -193,7 +193,11 @@ def _parser() -> argparse.ArgumentParser:
         help="also compile each main program with its plan taken out, and hold the pinned program's fused "
         "kernels and moves per block against it (a second compile per program)",
     )
-    tt.add_argument("--rewrites", default="none", help="as the backend's `rewrites` option")
+    tt.add_argument(
+        "--rewrites",
+        default="default",
+        help="as the backend's `rewrites` option (default: tt-mlir's, every pass; plan.json's rewrites[].why says)",
+    )
     tt.add_argument("--hardware", default=None, help="cost-model profile (default: the mesh's)")
     count_flag(tt, "--frames", None, "video frames (default: 9 for a tiny model, 81 at full size)")
     count_flag(

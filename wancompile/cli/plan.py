@@ -96,12 +96,18 @@ def plan_command(args: argparse.Namespace) -> int:
             args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch
         )
         graph, gm = capture_module(module, **inputs, return_dict=False, model=args.model)
-        if args.rewrites:
+        from planner.targets import default_target
+        from wancompile.options import Options
+
+        target = args.target or default_target(explicit_hardware)  # priced as the program it compiles to
+        rewrites, why = Options(rewrites=args.rewrites).rewrites_for(target)
+        if rewrites:
             from planner.request import PlanRequest
             from wancompile.backend import rewrite_graph
             from wancompile.capture import annotate
 
-            gm, records = rewrite_graph(gm, PlanRequest.make(mesh, args.hardware), args.rewrites)
+            request = PlanRequest.make(mesh, args.hardware, target=target)
+            gm, records = rewrite_graph(gm, request, rewrites, why)
             graph = annotate(gm, model=args.model)
     log.info("captured %s", graph.summary())
     captured = graph
@@ -111,11 +117,9 @@ def plan_command(args: argparse.Namespace) -> int:
 
     padder = HeadPadder(gm, graph)  # padded-head options where a split does not divide the heads
 
-    from planner.targets import default_target
-
     experts = args.experts if args.experts is not None else (2 if "a14b" in args.model else 1)
     budget = dict(
-        target=args.target or default_target(explicit_hardware),  # priced as the program it compiles to
+        target=target,
         model=args.model,
         memory_gb=args.memory_gb,
         num_blocks=num_layers,
@@ -138,7 +142,7 @@ def plan_command(args: argparse.Namespace) -> int:
                 **budget,
             )
             graph = padder.graphs(plan.head_padding)[1]  # the graph the plan's locations name
-    if args.rewrites:
+    if rewrites:
         plan = plan.with_(rewrites=records)
     for d in plan.decisions:
         log.info("decision %s: %s (next best %s)", d.node, d.strategy, d.rejected or "-")

@@ -101,7 +101,7 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
     import json
 
     from wancompile.models import MODELS
-    from wancompile.options import parse_rewrites
+    from wancompile.options import OptionsError, parse_rewrites
     from wancompile.tt.env import TtUnavailable
     from wancompile.tt.fullsize import VAE_LATENTS, check_full_size, check_full_size_vae
 
@@ -122,11 +122,12 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
         raise UsageError(f"--blocks needs a full-size --model ({', '.join(m for m in MODELS if m != 'tiny')})")
     if vae and args.unannotated:
         raise UsageError("--unannotated compares a DiT's pinned program; a full-size VAE takes no --unannotated")
-    if args.plan is not None or args.batch != 1 or args.t_chunk is not None or (vae and args.rewrites != "none"):
-        raise UsageError(
-            "a full-size check plans the model itself (batch 1, full-T; a VAE without rewrites); drop --plan, "
-            "--batch, --t-chunk" + (", --rewrites" if vae else "")
-        )
+    if args.plan is not None or args.batch != 1 or args.t_chunk is not None:
+        raise UsageError("a full-size check plans the model itself (batch 1, full-T); drop --plan, --batch, --t-chunk")
+    try:
+        rewrites = parse_rewrites(args.rewrites)
+    except OptionsError as e:
+        raise UsageError(f"--rewrites: {e}") from None
     spec = MODELS[VAE_LATENTS[args.model] if vae else args.model]
     check_video(spec, args.resolution, args.frames or 81)
     layers = spec.transformer["num_layers"]
@@ -139,14 +140,14 @@ def _full_size(args: argparse.Namespace, mesh) -> int:
     what = (args.model, mesh, args.system, out)
     try:
         if vae:
-            report = check_full_size_vae(*what, **common)
+            report = check_full_size_vae(*what, rewrites=rewrites, **common)
         else:
             report = check_full_size(
                 *what,
                 blocks=args.blocks,
                 dtype=args.dtype or "bfloat16",
                 weight_sets=args.experts,
-                rewrites=parse_rewrites(args.rewrites),
+                rewrites=rewrites,
                 unannotated=args.unannotated,
                 **common,
             )

@@ -264,7 +264,8 @@ def export_python(rep: Report) -> str:
     if made_with:
         raise PlanError(
             f"this plan was made with graph rewrites ({', '.join(made_with)}); its ops and parameters do not exist in the "
-            "unmodified diffusers model the exported module applies to. Re-plan without rewrites to export it."
+            "unmodified diffusers model the exported module applies to. Re-plan without rewrites to export it "
+            "(`wancompile plan ... --rewrites none`: a plan for tt-mlir runs every rewrite by default)"
         )
     n = rep.num_blocks
     sharded = plan.sharded_params()

@@ -198,9 +198,15 @@ class Report:
         )
 
     def entry_constraint(self):
-        """The block-stack entry constraint: the (B, L, D) tokens in the root module."""
+        """The block-stack entry constraint: the (B, L, D) tokens in the root module, the first with the most
+        tokens (sp_pad's padded stream where it pads: the patch embedding's output before it is another constraint)."""
         acts = [a for a in self.plan.activations if a.location.module == "" and len(a.spec) == 3]
-        return acts[0] if acts else None
+
+        def tokens(a) -> int:  # a symbolic length, or a file written before shapes were: ranked first as before
+            return a.shape[1] if len(a.shape) == 3 and isinstance(a.shape[1], int) else -1
+
+        most = max(map(tokens, acts), default=None)
+        return next((a for a in acts if tokens(a) == most), None)
 
     def sp_axes(self) -> tuple[str, ...]:
         e = self.entry_constraint()

@@ -36,6 +36,7 @@ from planner.ttnn_kernels import Kernels, plan_kernels
 from wancompile.composites import Site
 from wancompile.tt import env, parts, ttnn
 from wancompile.tt.mesh import chip_mesh, system_for  # noqa: F401  (system_for: re-exported)
+from wancompile.tt.wormhole import StandIn
 from wancompile.verify import CollectiveMatch, compare_collectives
 
 
@@ -64,8 +65,9 @@ class ProgramCheck:
     level_0_because: str = ""  # why a program that hands over fused attention was compiled at level 0
     # the TTNN ops of @main by part of the model, in program order (`parts.by_part`): ("blocks.0", {op: n})
     parts: tuple[tuple[str, Mapping[str, int]], ...] = ()
-    # attention score matrices in the program (`parts.score_matrices`), and those of an attention handed
-    # over as fused attention (predicted as one kernel that never writes them): those refuse the program
+    # attention-sized tensors in the program (`parts.lq_lk_tensors`: score matrices, and masks as TTNN holds them,
+    # by `ScoreMatrix.kind`), and those of an attention handed over as fused attention (predicted as one kernel
+    # that never writes them and reads no L_q x L_k mask): those refuse the program
     score_matrices: tuple[parts.ScoreMatrix, ...] = ()
     unfused_scores: tuple[parts.ScoreMatrix, ...] = ()
     scores_priced: bool = False  # its planner prices its attention's score matrices (the VAE's)
@@ -78,6 +80,9 @@ class ProgramCheck:
     gathered_per_use: tuple[str, ...] = ()
     # block index -> the TTNN kernels the plan predicts that block runs per call (`planner.ttnn_kernels`)
     predicted_kernels: Mapping[int, Kernels] = field(default_factory=dict)
+    stand_in: Optional[StandIn] = (
+        None  # kernels JIT-built from grafted sources: compile-only (`wancompile.tt.wormhole`)
+    )
 
     @property
     def kernels(self) -> tuple[tuple[str, Kernels, Optional[Kernels]], ...]:
@@ -122,6 +127,7 @@ class ProgramCheck:
             **_attrs(self, "program", "system", "compiled", "error", "seconds", "as_predicted", "compiler_peak_bytes"),
             "options": dict(self.options),
             "level_0_because": self.level_0_because,
+            "stand_in": None if self.stand_in is None else self.stand_in.to_json(),
             "collectives": [
                 {
                     "kind": m.kind,
@@ -136,7 +142,10 @@ class ProgramCheck:
             "local_slices": self.local_slices,
             "ttnn_ops_by_part": [{"part": name, "ops": dict(ops)} for name, ops in self.parts],
             "score_matrices": [
-                {**_attrs(x, "value", "op", "type", "bytes", "lq", "lk"), "fused_predicted": x in self.unfused_scores}
+                {
+                    **_attrs(x, "value", "op", "type", "bytes", "lq", "lk", "kind"),
+                    "fused_predicted": x in self.unfused_scores,
+                }
                 for x in self.score_matrices
             ],
             "pin_costs": [
@@ -247,10 +256,12 @@ def check_programs(
     out: list[ProgramCheck] = []
     for name, module in programs.items():
         options, why = compile_options(module)
-        r, failure = _compile(module, desc, Path(out_dir) / f"{name}.{system}", options)
+        r, failure = env.compile_program(module, desc, Path(out_dir) / f"{name}.{system}", options)
         if r is not None and r.get("level_0_because"):  # the worker compiled at level 0: the chips need it
             options, why = r["options"], r["level_0_because"]
-        compiled_with = dict(options=options, level_0_because=why)
+        compiled_with = dict(
+            options=options, level_0_because=why, stand_in=StandIn.from_json(r.get("stand_in")) if r else None
+        )
         if r is None or not r["ok"]:
             seconds, peak = (r["seconds"], int(r.get("peak_rss_bytes", 0))) if r else (0.0, 0)
             out.append(ProgramCheck(name, system, False, failure, seconds, compiler_peak_bytes=peak, **compiled_with))
@@ -290,19 +301,10 @@ def check_programs(
                 r.get("parameter_arguments", 0),
                 tuple(names[i][0] for i in r.get("unmarked_arguments", ())) if names else (),
                 dict((kernels or {}).get(name, {})),
+                stand_in=StandIn.from_json(r.get("stand_in")),
             )
         )
     return out
-
-
-def _compile(module: Path, desc: Path, export: Path, options: Mapping[str, str]) -> tuple[Optional[dict], str]:
-    """One compile in the worker: (its result, "" ) or (None or its result, why it failed)."""
-    res = env.run_worker(["compile", str(module), str(desc), str(export), json.dumps(dict(options))])
-    line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
-    if line is None:
-        return None, env.worker_failure(res)
-    r = json.loads(line[len("TT-CHECK ") :])
-    return r, r["error"] if not r["ok"] else ""
 
 
 def _pin_costs(module: Path, pinned: str, names: list, desc: Path, export: Path, options) -> tuple[tuple, str]:
@@ -312,7 +314,7 @@ def _pin_costs(module: Path, pinned: str, names: list, desc: Path, export: Path,
     res = env.run_worker(["unannotated", str(module), str(bare)])
     if res.returncode != 0:
         return (), f"the unannotated module could not be written: {env.worker_failure(res)}"
-    r, failure = _compile(bare, desc, export, options)
+    r, failure = env.compile_program(bare, desc, export, options)
     if failure:
         return (), f"tt-mlir refused the unannotated module: {failure}"
     return parts.pin_costs(pinned, Path(r["ttnn"]).read_text(), names), ""
@@ -331,11 +333,14 @@ def _parts(ttnn_text: str, names: Optional[list]) -> tuple[tuple[str, Mapping[st
 
 
 def _scores(ttnn_text: str, sites: Iterable[Site], mesh: MeshSpec, names: Optional[list] = None) -> tuple[tuple, tuple]:
-    """The program's attention score matrices, and those of attention calls handed over fused."""
+    """The program's L_q x L_k tensors (`parts.lq_lk_tensors`: score matrices and masks), and those of attention
+    calls handed over fused."""
     sites = [s for s in sites if s.family == "attention" and s.lq]
     splits = {math.prod(c) for k in range(len(mesh.shape) + 1) for c in itertools.combinations(mesh.shape, k)}
     weights = frozenset(parts.from_parameters(ttnn_text, names)) if names is not None else frozenset()
-    found = parts.score_matrices(ttnn_text, {(s.lq, s.lk, s.head_dim) for s in sites}, splits, weights)
+    # the score matrices and every other L_q x L_k tensor (a mask repeated up to each chip's queries): a fused
+    # attention is priced as one kernel that reads q, k and v alone
+    found = parts.lq_lk_tensors(ttnn_text, {(s.lq, s.lk, s.head_dim) for s in sites}, splits, weights)
     fused = {(s.lq, s.lk) for s in sites if not s.why_not}
     return tuple(found), tuple(x for x in found if (x.lq, x.lk) in fused)
 

@@ -9,11 +9,14 @@ installs the extra into another environment and points ``WANCOMPILE_TT_PYTHON`` 
 The plugin unpacks ~400 MB of runtime assets (a RISC-V toolchain among them) into ``$TMPDIR`` and keeps
 a kernel cache in ``$TT_METAL_CACHE``; the worker runs with both under one folder,
 ``WANCOMPILE_TT_CACHE`` (default ``~/.cache/wancompile/tt``), so nothing lands in /tmp or $HOME at large.
+A Wormhole compile at optimization level 1 grafts Wormhole's kernel sources into those assets first, downloading
+them once into the same folder (`wancompile.tt.wormhole`); the worker's progress lines pass through to stderr.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import subprocess
@@ -47,7 +50,11 @@ def python() -> str:
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("WANCOMPILE_TT_CACHE") or Path.home() / ".cache" / "wancompile" / "tt")
+    """``WANCOMPILE_TT_CACHE``, default ``~/.cache/wancompile/tt`` (defined in `wancompile.tt.wormhole`, which the
+    worker loads without this module)."""
+    from wancompile.tt.wormhole import cache_dir
+
+    return cache_dir()
 
 
 def systems() -> dict[str, Path]:
@@ -109,12 +116,51 @@ def _run(cache: Path, args: Sequence[str], timeout: float, extra_env: Optional[M
     env.update(
         TMPDIR=str(cache / "tmp"),
         TT_METAL_CACHE=str(cache / "tt-metal-cache"),
+        WANCOMPILE_TT_CACHE=str(cache),  # where the worker keeps what it downloads (`wancompile.tt.wormhole`)
         JAX_PLATFORMS="tt",
         **dict(extra_env or {}),
     )
-    return subprocess.run(
-        [python(), str(WORKER), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=str(cache)
+    return _run_passing_progress([python(), str(WORKER), *args], timeout, env, cache)
+
+
+def _run_passing_progress(cmd: Sequence[str], timeout: float, env: Mapping[str, str], cwd: Path):
+    """`subprocess.run(cmd, capture_output=True, text=True)`, except that the worker's progress lines on stderr
+    (those starting with `wormhole.PROGRESS`: a first-run download) are also written to this process's stderr as
+    they come."""
+    import threading
+
+    from wancompile.tt.wormhole import PROGRESS
+
+    proc = subprocess.Popen(
+        list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=dict(env), cwd=str(cwd)
     )
+    out: list[str] = []
+    err: list[str] = []
+
+    def stdout():
+        out.extend(proc.stdout)
+
+    def stderr():
+        for line in proc.stderr:
+            err.append(line)
+            if line.startswith(PROGRESS):
+                sys.stderr.write(line)
+                sys.stderr.flush()
+
+    readers = [threading.Thread(target=stdout, daemon=True), threading.Thread(target=stderr, daemon=True)]
+    for r in readers:
+        r.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        for r in readers:
+            r.join()
+        raise subprocess.TimeoutExpired(list(cmd), timeout, "".join(out), "".join(err)) from None
+    for r in readers:
+        r.join()
+    return subprocess.CompletedProcess(list(cmd), rc, "".join(out), "".join(err))
 
 
 # the lines of a compiler's log that say what went wrong (its log is mostly "info" lines)
@@ -136,3 +182,20 @@ def worker_failure(res) -> str:
     lines = (res.stderr or res.stdout or "").strip().splitlines()
     said = next((x for x in reversed(lines) if _FAILURE.search(x)), lines[-1] if lines else "no output")
     return f"the compiler process failed ({how}): {said.strip()}"
+
+
+def compile_program(module: Path, desc: Path, export: Path, options: Mapping[str, str]) -> tuple[Optional[dict], str]:
+    """One compile in the worker (its ``compile`` verb): (its result, "" ) or (None or its result, why it failed).
+    A compile at level >= 1 whose op model aborts the process (LLVM ERROR; wh-galaxy's assembled descriptor has
+    an 8x8 worker grid, the op model's device 8x9) is made again at level 0, its result saying why."""
+    res = run_worker(["compile", str(module), str(desc), str(export), json.dumps(dict(options))])
+    line = next((x for x in res.stdout.splitlines() if x.startswith("TT-CHECK ")), None)
+    aborted = next((x.strip() for x in res.stderr.splitlines() if "LLVM ERROR: OpModel" in x), "")
+    if line is None and aborted and int(options.get("optimization_level", "0")) >= 1:  # level 1's op model died
+        r, failure = compile_program(module, desc, export, {**options, "optimization_level": "0"})
+        why = f"level 1's op model aborted the compiler ({aborted}), so fused attention is decomposed at level 0"
+        return (None if r is None else {**r, "level_0_because": why}), failure
+    if line is None:
+        return None, worker_failure(res)
+    r = json.loads(line[len("TT-CHECK ") :])
+    return r, r["error"] if not r["ok"] else ""

@@ -1,5 +1,6 @@
-"""tt-check's report as text: per program, its compile, collectives against the prediction, TTNN ops per
-part of the model, score matrices, what the pins cost, and DRAM per chip (`wancompile.tt.check.ProgramCheck`)."""
+"""tt-check's report as text: per program, its compile (and whether its kernels are a compile-only stand-in),
+collectives against the prediction, TTNN ops per part of the model, score matrices, what the pins cost, and DRAM
+per chip (`wancompile.tt.check.ProgramCheck`)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
             + (f": level 0 because of {c.level_0_because}" if c.level_0_because else "")
         )
         lines.append(head)
+        lines.extend(_format_stand_in(c))
         if not c.compiled:
             continue
         for m in c.matches:
@@ -55,6 +57,18 @@ def format_checks(checks: Iterable[ProgramCheck]) -> str:
     return "\n".join(lines)
 
 
+def _format_stand_in(c: ProgramCheck) -> list[str]:
+    """Where the chips' kernels were JIT-built from grafted sources: a compile-only stand-in (`ProgramCheck.stand_in`)."""
+    s = c.stand_in
+    if s is None:
+        return []
+    declared = f"; declared without code: {', '.join(s.declared_only)}" if s.declared_only else ""
+    return [
+        f"  COMPILE-ONLY STAND-IN: {s.chips} kernels JIT-built from {s.sources}'s sources with the {s.multilib} "
+        f"multilib pointed at {s.multilib_from}{declared} (never to be run)"
+    ]
+
+
 def _format_pin_costs(c: ProgramCheck) -> list[str]:
     """Per part, what the pinned program has beyond the unannotated one, and whether the reshards explain it."""
     if c.unannotated_error:
@@ -83,10 +97,10 @@ def _format_scores(c: ProgramCheck) -> list[str]:
     """One line per kind of score matrix found: its type, how many, and whether it refuses the program."""
     seen: dict[tuple, int] = {}
     for x in c.score_matrices:
-        key = (x.type, x.op, x.bytes, x.lq, x.lk, x in c.unfused_scores)
+        key = (x.type, x.op, x.bytes, x.lq, x.lk, x in c.unfused_scores, x.kind)
         seen[key] = seen.get(key, 0) + 1
     out = []
-    for (kind, op, nbytes, lq, lk, refused), n in seen.items():
+    for (kind, op, nbytes, lq, lk, refused, role), n in seen.items():
         verdict = (
             "REFUSED: handed over as fused attention, priced as one kernel that never writes it"
             + (f" (compiled at level 0: {c.level_0_because})" if c.level_0_because else "")
@@ -97,7 +111,8 @@ def _format_scores(c: ProgramCheck) -> list[str]:
             "and result is whole: the program's fused_sites say why)"
         )
         out.append(
-            f"  {n} x score matrix {kind} ({op}, {nbytes / 2**20:.2f} MiB per chip) of an attention with "
+            f"  {n} x {'score matrix' if role == 'scores' else 'L_q x L_k mask'} {kind} ({op}, "
+            f"{nbytes / 2**20:.2f} MiB per chip) of an attention with "
             f"L_q {lq}, L_k {lk}: {verdict}"
         )
     return out

@@ -119,10 +119,19 @@ def _start(systems: Iterable[str], out_dir: Path, mesh: MeshSpec) -> tuple[list[
     return list(systems), out_dir
 
 
-def _options(mesh: MeshSpec, system: str, hardware: Optional[str], memory_gb: Optional[float], **more) -> dict:
+def _options(
+    mesh: MeshSpec,
+    system: str,
+    hardware: Optional[str],
+    memory_gb: Optional[float],
+    rewrites: Optional[tuple[str, ...]] = None,
+    **more,
+) -> dict:
     """The backend's options for a full-size check: target tt-mlir, priced as `hardware` (default: the
-    first system's profile), nothing run to verify."""
+    first system's profile), nothing run to verify; `rewrites` None: the target's default."""
     out = {"mesh": str(mesh), "target": "tt-mlir", "verify": False, **more}
+    if rewrites is not None:
+        out["rewrites"] = list(rewrites) or "none"
     out["hardware"] = hardware or env.SYSTEM_PROFILES.get(system)
     if memory_gb is not None:
         out["memory_gb"] = memory_gb
@@ -173,15 +182,15 @@ def plan_first_blocks(
     hardware: Optional[str] = None,
     memory_gb: Optional[float] = None,
     weight_sets: Optional[int] = None,
-    rewrites: tuple[str, ...] = (),
+    rewrites: Optional[tuple[str, ...]] = None,
     steps: Optional[_Steps] = None,
 ) -> PlannedBlocks:
     """Steps 1 and 2 of the module docstring: `blocks` blocks of the full-size `model` captured at `resolution`
     on the meta device in `dtype`, planned for `system` (target tt-mlir) as a model of all its blocks, and the
     plan cut to them. `hardware`: the cost-model profile (default: `system`'s); `weight_sets`: default 2 for the
-    A14B experts; `rewrites`: the backend's passes, run before planning as the backend runs them (``patch_embed``
-    keeps the program free of conv3d, so that fused attention is compiled at optimization_level 1); `steps` times
-    the capture and the plan."""
+    A14B experts; `rewrites`: the backend's passes, run before planning as the backend runs them (None: tt-mlir's
+    default, every pass: ``patch_embed`` keeps the program free of conv3d, so that fused attention is compiled at
+    optimization_level 1); `steps` times the capture and the plan."""
     import torch
 
     from planner.pins import graph_collectives
@@ -202,10 +211,10 @@ def plan_first_blocks(
     gm = capture_fx(module, **transformer_inputs(model, resolution, frames, device="meta", dtype=dt), return_dict=False)
     if steps is not None:
         steps.done("capture")
-    options = _options(mesh, system, hardware, memory_gb, weight_sets=sets, rewrites=list(rewrites) or None)
+    options = _options(mesh, system, hardware, memory_gb, rewrites, weight_sets=sets)
     opts = Options.from_user(options)
     request = request_for(opts, mesh, num_blocks=num_blocks)
-    rewritten, records = rewrite_graph(gm, request, opts.rewrites)
+    rewritten, records = rewrite_graph(gm, request, *opts.rewrites_for(request.target.name))
     graph = annotate(rewritten, model=model)
     request = request.variant(pad_heads=HeadPadder(rewritten, graph))
     plan = solve(graph, request).with_(target="tt-mlir", rewrites=records)
@@ -268,11 +277,12 @@ def check_full_size_vae(
     frames: int = 81,
     hardware: Optional[str] = None,
     memory_gb: Optional[float] = None,
+    rewrites: Optional[tuple[str, ...]] = None,
 ) -> FullSizeCheck:
     """The full-size `vae` (``wan2.1`` | ``wan2.2``) decoding a whole clip in one pass (full-T), fp32 as
     Wan pipelines load their VAE, planned by the backend for target tt-mlir and traced without running,
     then compiled through tt-mlir for each of `systems` (as `check_full_size`; the estimate beside TTNN's
-    is the plan's own: the program is the whole decode)."""
+    is the plan's own: the program is the whole decode). `rewrites`: as the backend's option (None: its default)."""
     import torch
 
     import wancompile.vae as wvae
@@ -289,7 +299,8 @@ def check_full_size_vae(
     module = wvae.enable_full_t(build_vae(vae, device="meta"))
     gm = capture_fx(module.decode, torch.empty(shape, device="meta"))
     steps.done("capture")
-    program = wan_autoshard(gm, [], options=_options(mesh, systems[0], hardware, memory_gb, dump_dir=str(out_dir)))
+    options = _options(mesh, systems[0], hardware, memory_gb, rewrites, dump_dir=str(out_dir))
+    program = wan_autoshard(gm, [], options=options)
     steps.done("plan")  # and lower: the backend plans the decode itself
     ran = _trace(program, gm, module, {"z": torch.empty(shape)})
     steps.done("export")

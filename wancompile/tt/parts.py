@@ -6,9 +6,13 @@ it writes, and what a plan's pins cost it.
   module argument: `wancompile.tt.export.argument_names`); `from_parameters`: the values computed from
   parameters alone;
 - `score_matrices`: the L_q x L_k tensors of a decomposed attention (`ScoreMatrix`), the memory fused
-  attention never spends;
+  attention never spends; `lq_lk_tensors`: those and every other op result of an attention's L_q x L_k (its
+  mask as TTNN holds it, e.g. a key mask ``ttnn.repeat``ed to each chip's queries, and the ops between scores);
 - `pin_costs`: per part, the pinned program's fused kernels and data movement against the same module
   compiled with its plan taken out (`PinCost`), and which of the differences the plan's reshards explain.
+
+Why one module over 400 lines: the three readings walk the same labelled dataflow of ``@main`` (`_dataflow`,
+`labelled_ops`), and an attention's tensors are found by following it from the attention's ops, as the parts are.
 """
 
 from __future__ import annotations
@@ -138,6 +142,10 @@ class ScoreMatrix:
     bytes: int  # per chip, as the type says (without tile padding)
     lq: int  # the attention's query and key lengths (whole, as the model has them)
     lk: int
+    # "scores": QK^T, its softmax and what is computed from them at their size; "mask": an L_q x L_k tensor no
+    # scores flow into (an attention mask as TTNN holds it: a fused attention's mask operand, a key mask repeated
+    # to every query, the mask a decomposed attention adds), `lq_lk_tensors`
+    kind: str = "scores"
 
 
 def _contracted(line: str, rest: str) -> Optional[int]:
@@ -186,6 +194,100 @@ def score_matrices(
             nbytes = math.prod(dims) * _BYTES.get(result.group("dtype"), 4)
             out.append(ScoreMatrix(m.group("name"), f"ttnn.{m.group('op')}", result.group(0)[7:], nbytes, lq, lk))
     return out
+
+
+_SEGMENTS = re.compile(r"operandSegmentSizes = array<i32: ([\d, ]+)>")
+
+
+def _mask_operand(line: str, operands: list[str]) -> Optional[str]:
+    """A ``ttnn.scaled_dot_product_attention`` line's mask operand (its fourth operand segment), or None."""
+    m = _SEGMENTS.search(line)
+    sizes = [int(x) for x in m.group(1).split(",")] if m else [1, 1, 1, max(0, len(operands) - 3)]
+    if len(sizes) < 4 or sizes[3] != 1:
+        return None
+    return operands[sum(sizes[:3])]
+
+
+def lq_lk_tensors(
+    ttnn_text: str,
+    attentions: Iterable[tuple[int, int, int]],
+    splits: Iterable[int],
+    weights: frozenset = frozenset(),
+) -> list[ScoreMatrix]:
+    """Every op result of ``@main`` that holds an attention's L_q x L_k (`ScoreMatrix`, by ``kind``): the score
+    matrices (`score_matrices`), a fused attention's mask operand, and every value connected to one of those
+    through ops whose results keep the same last two dims (queries whole or split `splits`-ways, all keys):
+    ``scores`` downstream of a score matrix (the scale, the mask add, the softmax, their casts), ``mask`` upstream
+    of a fused attention's mask operand or of what an op on the scores reads beside them (a key mask
+    ``ttnn.repeat``ed up to L_q x L_k). Connected, not merely shaped alike: a tiny DiT's stream can have the
+    tokens' shape too (64 tokens, 64 features)."""
+    attentions = list(attentions)
+    scores = score_matrices(ttnn_text, attentions, splits, weights)
+    pairs: dict[tuple[int, int], tuple[int, int]] = {}
+    for lq, lk, _ in attentions:
+        for s in sorted(set(splits) | {1}):
+            if lq % s == 0:
+                pairs.setdefault((lq // s, lk), (lq, lk))
+    made: dict[str, tuple[str, list[str], list[int], str]] = {}  # value -> (op, operands, dims, dtype)
+    readers: dict[str, list[str]] = {}
+    masks: list[str] = []
+    for line in main_body(ttnn_text)[1:]:
+        m = _ANY_OP.match(line)
+        if not m:
+            continue
+        operands = [v.split("#")[0] for v in _VALUE.findall(m.group("operands"))]
+        op = m.group("op") or m.group("core")
+        if op == "ttnn.scaled_dot_product_attention":
+            mask = _mask_operand(line, operands)
+            if mask is not None:
+                masks.append(mask)
+        name = m.group("name")
+        result = _TENSOR.search(line.rsplit(" -> ", 1)[-1]) if name else None
+        if result is None:
+            continue
+        dims = [int(d) for d in result.group("dims").split("x") if d]
+        made[name] = (op, operands, dims, result.group("dtype"))
+        for v in operands:
+            readers.setdefault(v, []).append(name)
+
+    def pair(v: str) -> Optional[tuple[int, int]]:
+        dims = made[v][2] if v in made else []
+        return tuple(dims[-2:]) if len(dims) >= 2 and tuple(dims[-2:]) in pairs else None
+
+    # down from each score matrix through its readers at its size (scale, mask add, softmax, their casts): scores;
+    # up from each fused attention's mask operand, and from what an op on the scores reads beside them at their
+    # size (the mask a decomposed attention adds), through the producers at that size (a repeat): masks
+    found: dict[str, tuple[str, tuple[int, int]]] = {}  # value -> (kind, its (L_q part, L_k))
+    todo = [x.value for x in scores]
+    while todo:
+        v = todo.pop()
+        if v in found or pair(v) is None:
+            continue
+        found[v] = ("scores", pair(v))
+        todo.extend(u for u in readers.get(v, []) if pair(u) == pair(v))
+    todo = [v for v in masks if pair(v)]
+    todo += [u for v, (_, p) in found.items() for u in made[v][1] if u not in found and pair(u) == p]
+    while todo:
+        v = todo.pop()
+        if v in found or pair(v) is None:
+            continue
+        found[v] = ("mask", pair(v))
+        todo.extend(u for u in made[v][1] if pair(u) == pair(v))
+    by_value = {x.value: x for x in scores}
+    out = []
+    for v, (kind, at) in found.items():
+        if v in by_value:
+            out.append(by_value[v])
+            continue
+        op, _, dims, dtype = made[v]
+        lq, lk = pairs[at]
+        out.append(
+            ScoreMatrix(
+                v, op, "x".join(map(str, dims)) + "x" + dtype, math.prod(dims) * _BYTES.get(dtype, 4), lq, lk, kind
+            )
+        )
+    order = {v: i for i, v in enumerate(made)}
+    return sorted(out, key=lambda x: order.get(x.value, -1))
 
 
 # --- what the pins cost: the pinned program against the same program unannotated ----------------------

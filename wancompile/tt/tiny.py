@@ -48,7 +48,7 @@ def check_model(
     component: str = "transformer",
     plan: Optional[str] = None,
     memory_gb: Optional[float] = None,
-    rewrites: str = "none",
+    rewrites: str = "default",
     frames: int = 9,
     batch: int = 1,
     cfg_parallel: str = "auto",

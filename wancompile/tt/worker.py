@@ -32,7 +32,9 @@ jax clashes with the user's; `wancompile.tt.env`).
     ``peak_rss_bytes`` (the compiler process's peak resident memory), ``parameter_arguments``: how many
     arguments it compiled marked ``parameter``, ``unmarked_arguments``: the
     arguments marked ``parameter`` whose const-eval function held a collective (a weight the plan gathers
-    per use), compiled again without the mark (written as compiled to ``EXPORT_DIR/compiled.tt.mlir``).
+    per use), compiled again without the mark (written as compiled to ``EXPORT_DIR/compiled.tt.mlir``),
+    ``options``, ``level_0_because`` and ``stand_in``: at level >= 1, the chips' kernel sources
+    (`wancompile.tt.wormhole.kernel_sources`: Wormhole's grafted on the first run, a compile-only stand-in).
 """
 
 from __future__ import annotations
@@ -44,8 +46,15 @@ import shutil
 import sys
 import time
 
-from wancompile.tt import constants, parameters
-from wancompile.tt.constants import walk
+if __package__:  # python -m wancompile.tt.worker
+    from wancompile.tt import constants, parameters
+else:  # run by path (`wancompile.tt.env.run_worker`): its directory is sys.path[0], and its interpreter
+    # (WANCOMPILE_TT_PYTHON) may have jax and the plugin only, no wancompile: the siblings it needs import
+    # nothing but jaxlib and the standard library
+    import constants
+    import parameters
+
+walk = constants.walk
 
 
 def shardy(src: str, shardings_path: str, dst: str, arguments_path: str = "") -> dict:
@@ -232,7 +241,8 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
         if os.environ.get("WANCOMPILE_TT_SHOW_DEVICES"):
             print("DEVICES", [(d.id, getattr(d, "coords", None), str(d)) for d in devices], flush=True)
         asked = json.loads(options_json)
-        why = missing_kernel_sources(devs[0].device_kind) if int(asked.get("optimization_level", "0")) >= 1 else ""
+        level_1 = int(asked.get("optimization_level", "0")) >= 1
+        why, stand_in = _wormhole().kernel_sources(devs[0].device_kind) if level_1 else ("", None)
         if why:
             asked = {**asked, "optimization_level": "0"}
         metrics = os.path.join(export, "perf_metrics.json")
@@ -258,8 +268,13 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
             try:
                 compiler.backend_compile_and_load(backend, module, xc.DeviceList(tuple(devs)), options, [])
             except Exception as e:  # the plugin's error: its first line names the failing pass or op
-                failed = _result(False, _first_line(str(e)), time.time() - t, export)
-                return {**failed, "options": asked, "level_0_because": why}
+                error = _first_line(str(e))
+                unbuilt = _wormhole().unbuilt_kernel(error, t) if stand_in is not None else ""
+                if unbuilt:  # a kernel the stand-in sources cannot build: the program at level 0, saying why
+                    level_0 = json.dumps({**asked, "optimization_level": "0"})
+                    return {**compile_module(src, system_desc, export, level_0), "level_0_because": unbuilt}
+                failed = _result(False, error, time.time() - t, export)
+                return {**failed, "options": asked, "level_0_because": why, "stand_in": stand_in}
             result = _result(True, "", time.time() - t, export)
             # a weight the plan gathers per use (FSDP), marked a parameter, is gathered once in a const-eval
             # function and kept whole: unmarked, its gather runs every call as the plan has it
@@ -275,32 +290,21 @@ def compile_module(src: str, system_desc: str, export: str, options_json: str = 
             "unmarked_arguments": sorted(unmarked),
             "options": asked,
             "level_0_because": why,
+            "stand_in": stand_in,
         }
 
 
-# the chip family's folder of device headers in tt-metal's runtime assets, by PJRT device kind
-_ARCH_HEADERS = {"Wormhole_b0": "wormhole", "Blackhole": "blackhole"}
+def _wormhole():
+    """`wancompile.tt.wormhole`, imported as this module's siblings are (by path when run as a script)."""
+    if __package__:
+        from wancompile.tt import wormhole
+    else:
+        import wormhole
+    return wormhole
 
 
 def missing_kernel_sources(kind: str) -> str:
-    """Why this plugin build cannot compile `kind`'s chips at optimization_level >= 1, or "".
-
-    At level 1 tt-mlir's optimizer asks TTNN's op model about each op, and the op model JIT-builds the chips'
-    firmware and kernels with the RISC-V toolchain the plugin unpacks into ``$TMPDIR``. jax-tt-plugin 0.1.3's
-    assets hold Blackhole's device headers (``tt_metal/hw/inc/internal/tt-1xx/blackhole``) and its ``bh-ilp32``
-    multilib only, so every Wormhole build fails (``TT_THROW`` in ``jit_build/build.cpp``: ``bits/c++config.h``,
-    then ``eth_l1_address_map.h`` and ``tensix.h`` not found). Level 0 runs no op model and compiles."""
-    folder = _ARCH_HEADERS.get(kind)
-    assets = sorted(glob.glob(os.path.join(os.environ.get("TMPDIR", "/tmp"), "libtt-tt-metal-runtime-assets-*")))
-    if folder is None or not assets:
-        return ""
-    if os.path.isdir(os.path.join(assets[-1], "tt_metal", "hw", "inc", "internal", "tt-1xx", folder)):
-        return ""
-    return (
-        f"{kind} kernel sources missing from this jax-tt-plugin build (its runtime assets have no tt-1xx/{folder} "
-        "device headers, and level 1's op model JIT-builds the chips' kernels), so fused attention is decomposed at "
-        "level 0; a plugin built with them compiles it at level 1"
-    )
+    return _wormhole().missing_kernel_sources(kind)
 
 
 def _clear(export: str) -> None:
