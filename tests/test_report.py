@@ -68,43 +68,52 @@ State = global shape and layout, one placement per mesh axis (batch, model): `S(
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
-| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
-| `blocks.*.attn1.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
-| `blocks.*.attn1.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
-| `blocks.*.attn1.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 28.9 |
-| `blocks.*.attn1.norm_k:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 28.9 |
-| `blocks.*.attn1:permute#1` | -- | 1 x 48 x 4 x 16 (S(1), S(2)) | 1 x 4 x 48 x 16 (R, S(1)) | `(R, S(1))` | all-gather on batch | 1.5 KiB | 7.0 |
-| `blocks.*.attn1:permute#2` | -- | 1 x 48 x 4 x 16 (S(1), S(2)) | 1 x 4 x 48 x 16 (R, S(1)) | `(R, S(1))` | all-gather on batch | 1.5 KiB | 7.0 |
-| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1))<br>1 x 4 x 48 x 16 (R, S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | -- | -- | 2.2 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 33.1 |
-| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R)<br>64 (R, R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
-| `blocks.*.attn2.to_k:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | `(R, S(2))` | -- | -- | 2.2 |
-| `blocks.*.attn2.to_v:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, S(2)) | `(R, S(2))` | -- | -- | 2.2 |
-| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), S(2)) | -- | all-reduce on model | 96 B | 28.9 |
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 64 x 64 (S(1), R) | 1 x 64 x 64 (S(1), R) | -- | -- | -- | 2.3 |
+| `blocks.*.attn1:flatten#2` | -- | 4 x 48 x 64 (R, S(0)) | 192 x 64 (R, S(0)) | `(R, S(0))` | -- | -- | 0.0 |
+| `blocks.*.attn1:flatten#5` | -- | 4 x 48 (R, S(0)) | 192 (R, S(0)) | `(R, S(0))` | -- | -- | 0.0 |
+| `blocks.*.attn1:linear#0` | -- | 1 x 64 x 64 (S(1), R)<br>192 x 64 (R, S(0))<br>192 (R, S(0)) | 1 x 64 x 192 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | -- | 1 x 64 x 64 (S(1), S(2))<br>64 (R, R) | 1 x 64 x 64 (S(1), S(2)) | -- | all-reduce on model | 128 B | 28.9 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | -- | 1 x 64 x 64 (S(1), S(2))<br>64 (R, R) | 1 x 64 x 64 (S(1), S(2)) | -- | all-reduce on model | 128 B | 28.9 |
+| `blocks.*.attn1:transpose#5` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:transpose#6` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#2` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#3` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:transpose#9` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:transpose#10` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#5` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#6` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:getitem#8` | -- | 1 x 4 x 64 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (R, S(1)) | `(R, S(1))` | all-gather on batch | 2.0 KiB | 7.3 |
+| `blocks.*.attn1:getitem#9` | -- | 1 x 4 x 64 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (R, S(1)) | `(R, S(1))` | all-gather on batch | 2.0 KiB | 7.3 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 64 x 16 (S(2), S(1))<br>1 x 4 x 48 x 16 (R, S(1)) | 1 x 4 x 64 x 16 (S(2), S(1)) | -- | -- | -- | 2.2 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 64 x 64 (S(1), S(2)) | 1 x 64 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 4.0 KiB | 34.6 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 64 x 64 (S(1), R)<br>64 (R, R) | 1 x 64 x 64 (S(1), R) | -- | -- | -- | 2.3 |
+| `blocks.*.attn2.to_q:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 64 x 64 (S(1), R) | 1 x 64 x 64 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.attn2:flatten#0` | -- | 4 x 32 x 64 (R, S(0)) | 128 x 64 (R, S(0)) | `(R, S(0))` | -- | -- | 0.0 |
+| `blocks.*.attn2:flatten#1` | -- | 4 x 32 (R, S(0)) | 128 (R, S(0)) | `(R, S(0))` | -- | -- | 0.0 |
+| `blocks.*.attn2:linear#0` | -- | 1 x 7 x 64 (R, R)<br>128 x 64 (R, S(0))<br>128 (R, S(0)) | 1 x 7 x 128 (R, S(2)) | `(R, S(2))` | -- | -- | 2.2 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, S(0)) | 1 x 64 x 64 (S(1), S(2)) | 1 x 64 x 64 (S(1), S(2)) | -- | all-reduce on model | 128 B | 28.9 |
 | `blocks.*.attn2.norm_k:rms_norm#0` | weight (R, S(0)) | 1 x 7 x 64 (R, S(2)) | 1 x 7 x 64 (R, S(2)) | -- | all-reduce on model | 28 B | 28.8 |
-| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(2), S(1))<br>1 x 4 x 7 x 16 (R, S(1)) | 1 x 4 x 48 x 16 (S(2), S(1)) | -- | -- | -- | 2.2 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 64 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 33.1 |
-| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (S(1), R) | 1 x 48 x 64 (S(1), R) | -- | -- | -- | 2.3 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 48 x 64 (S(1), R) | 1 x 48 x 96 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
-| `blocks.*.ffn.net.2:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 48 x 96 (S(1), S(2)) | 1 x 48 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 3.0 KiB | 33.1 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 64 x 16 (S(2), S(1))<br>1 x 4 x 7 x 16 (R, S(1)) | 1 x 4 x 64 x 16 (S(2), S(1)) | -- | -- | -- | 2.2 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 64 x 64 (S(1), S(2)) | 1 x 64 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 4.0 KiB | 34.6 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 64 x 64 (S(1), R) | 1 x 64 x 64 (S(1), R) | -- | -- | -- | 2.3 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (R, S(0)); bias (R, S(0)) | 1 x 64 x 64 (S(1), R) | 1 x 64 x 96 (S(1), S(2)) | `(S(1), S(2))` | -- | -- | 2.3 |
+| `blocks.*.ffn.net.2:linear#0` | weight (R, S(1)); bias (R, R) | 1 x 64 x 96 (S(1), S(2)) | 1 x 64 x 64 (S(1), R) | `(S(1), R)` | all-reduce on model | 4.0 KiB | 34.6 |
 
-Block total: 373.5 us (compute 160.2 us + comm 213.3 us) x 2 blocks = 0.747 ms per forward.
+Block total: 364.2 us (compute 146.0 us + comm 218.2 us) x 2 blocks = 0.728 ms per forward.
 
 **Collective bill per block: 5 big + 4 small**
 
 | collective | axes | bytes per call | per block | size | where |
 |---|---|---|---|---|---|
-| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
-| all-reduce | model | 96 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
-| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1:permute#1 |
-| all-gather | batch | 1.5 KiB | 1 | big | blocks.*.attn1:permute#2 |
+| all-reduce | model | 128 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
+| all-reduce | model | 128 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
+| all-reduce | model | 4.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | batch | 2.0 KiB | 1 | big | blocks.*.attn1:getitem#8 |
+| all-gather | batch | 2.0 KiB | 1 | big | blocks.*.attn1:getitem#9 |
 | all-reduce | model | 28 B | 1 | small | blocks.*.attn2.norm_k:rms_norm#0 |
-| all-reduce | model | 96 B | 1 | small | blocks.*.attn2.norm_q:rms_norm#0 |
-| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.attn2.to_out.0:linear#0 |
-| all-reduce | model | 3.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |""",
+| all-reduce | model | 128 B | 1 | small | blocks.*.attn2.norm_q:rms_norm#0 |
+| all-reduce | model | 4.0 KiB | 1 | big | blocks.*.attn2.to_out.0:linear#0 |
+| all-reduce | model | 4.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |""",
     )
 
 
@@ -116,27 +125,27 @@ def test_auto_plan_md_golden(auto_dir):
 
 | plan | value |
 |---|---|
-| model | tiny -- 2 blocks, 48 tokens per forward |
+| model | tiny -- 2 blocks, 64 tokens per forward |
 | mesh | 2x4 = 8 devices; axes batch (2) x model (4) |
 | hardware | wh-loudbox: Wormhole LoudBox/T3000: 2x4 mesh of 4 n300s, 1 link per direction (H, I, J) |
-| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.577 ms, 488 variables, 211 constraints |
-| predicted per forward | 0.577 ms = compute 0.392 ms (68 %) + comm 0.185 ms (32 %), no overlap assumed |
-| roofline | 1.88 MFLOP per device per forward; at 128 TFLOP/s x 40% that is 0.0368 us, so compute is 10660.2x its FLOP bound (memory-bound ops and launch floors make up the rest) |
-| memory per device | 0.0002415 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
+| solver | OPTIMAL in <t> s, gap 0.00%, objective 0.602 ms, 488 variables, 211 constraints |
+| predicted per forward | 0.602 ms = compute 0.369 ms (61 %) + comm 0.233 ms (39 %), no overlap assumed |
+| roofline | 2.35 MFLOP per device per forward; at 128 TFLOP/s x 40% that is 0.0459 us, so compute is 8046.7x its FLOP bound (memory-bound ops and launch floors make up the rest) |
+| memory per device | 0.000241 GB of 12 GB (0.0 %): weights + 3x the largest live activation set |
 | weight sets | 1 resident per device (the memory budget holds 1x the weights) |
 | parallelism | SP: tokens over model (4); TP: attention heads over batch (2) |
-| collectives per block | 4 big + 2 small (2 all-gather on model, 2 all-reduce on batch; small: 2 all-reduce on batch) |
-| parameters | 71 (24 sharded); 23 activation constraints |
+| collectives per block | 5.50 big + 2 small (3.50 all-gather on model, 2 all-reduce on batch; small: 2 all-reduce on batch) |
+| parameters | 71 (24 sharded); 50 activation constraints |
 
 ## Decisions
 
 | where | chosen | plan with it, ms/forward | best rejected | best plan without it | delta |
 |---|---|---|---|---|---|
-| blocks.*.attn1 (x2) | **head-TP(batch)+SP(model)** | 0.577 | SP(batch)+KV-gather | 0.584 | +0.007 ms |
-| blocks.*.attn2 (x2) | **SP(model)** | 0.577 | SP(batch)+FSDP | 0.584 | +0.007 ms |
-| blocks.*.ffn (x2) | **Megatron(batch)+SP(model)** | 0.577 | Megatron(model)+SP(batch) | 0.584 | +0.007 ms |
-| condition_embedder.time_embedder | **replicated** | 0.577 | Megatron(batch) | 0.584 | +0.007 ms |
-| condition_embedder.text_embedder | **replicated** | 0.577 | Megatron(batch) | 0.585 | +0.008 ms |
+| blocks.*.attn1 (x2) | **head-TP(batch)+SP(model)** | 0.602 | head-TP(batch)+SP(model)+FSDP | 0.622 | +0.020 ms |
+| blocks.*.attn2 (x2) | **SP(model)** (+FSDP on block 1) | 0.602 | SP(model)+FSDP | 0.611 | +0.009 ms |
+| blocks.*.ffn (x2) | **Megatron(batch)+SP(model)** | 0.602 | SP(model) | 0.611 | +0.009 ms |
+| condition_embedder.time_embedder | **replicated** | 0.602 | Megatron(batch) | 0.617 | +0.015 ms |
+| condition_embedder.text_embedder | **replicated** | 0.602 | Megatron(batch) | 0.617 | +0.016 ms |
 
 ## One block, op by op (`blocks.*`, x2)
 
@@ -144,122 +153,147 @@ State = global shape and layout, one placement per mesh axis (batch, model): `S(
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
-| `blocks.*.norm1:layer_norm#0` | -- | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_q:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
-| `blocks.*.attn1.to_k:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
-| `blocks.*.attn1.to_v:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
-| `blocks.*.attn1.norm_q:rms_norm#0` | weight (S(0), R) | 1 x 48 x 64 (S(2), S(1)) | 1 x 48 x 64 (S(2), S(1)) | -- | all-reduce on batch | 48 B | 17.1 |
-| `blocks.*.attn1.norm_k:rms_norm#0` | weight (S(0), R) | 1 x 48 x 64 (S(2), S(1)) | 1 x 48 x 64 (S(2), S(1)) | -- | all-reduce on batch | 48 B | 17.1 |
-| `blocks.*.attn1:permute#1` | -- | 1 x 48 x 4 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (S(1), R) | `(S(1), R)` | all-gather on model | 3.0 KiB | 12.2 |
-| `blocks.*.attn1:permute#2` | -- | 1 x 48 x 4 x 16 (S(2), S(1)) | 1 x 4 x 48 x 16 (S(1), R) | `(S(1), R)` | all-gather on model | 3.0 KiB | 12.2 |
-| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (S(1), S(2))<br>1 x 4 x 48 x 16 (S(1), R) | 1 x 4 x 48 x 16 (S(1), S(2)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn1.to_out.0:linear#0` | weight (S(1), R); bias (R, R) | 1 x 48 x 64 (S(2), S(1)) | 1 x 48 x 64 (R, S(1)) | `(R, S(1))` | all-reduce on batch | 1.5 KiB | 18.6 |
-| `blocks.*.norm2:layer_norm#0` | -- | 1 x 48 x 64 (R, S(1))<br>64 (R, R) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_q:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_k:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.to_v:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 2.3 |
-| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.2 |
+| `blocks.*.norm1:layer_norm#0` | -- | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn1:flatten#2` | -- | 4 x 48 x 64 (S(0), R) | 192 x 64 (S(0), R) | `(S(0), R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:flatten#5` | -- | 4 x 48 (S(0), R) | 192 (S(0), R) | `(S(0), R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:linear#0` | -- | 1 x 64 x 64 (R, S(1))<br>192 x 64 (S(0), R)<br>192 (S(0), R) | 1 x 64 x 192 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.4 |
+| `blocks.*.attn1.norm_q:rms_norm#0` | -- | 1 x 64 x 64 (S(2), S(1))<br>64 (R, R) | 1 x 64 x 64 (S(2), S(1)) | -- | all-reduce on batch | 64 B | 17.2 |
+| `blocks.*.attn1.norm_k:rms_norm#0` | -- | 1 x 64 x 64 (S(2), S(1))<br>64 (R, R) | 1 x 64 x 64 (S(2), S(1)) | -- | all-reduce on batch | 64 B | 17.2 |
+| `blocks.*.attn1:transpose#5` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:transpose#6` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#2` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#3` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:transpose#9` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:transpose#10` | -- | 1 x 64 x 1 x 8 (R, R) | 1 x 1 x 64 x 8 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#5` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:cat#6` | -- | 1 x 1 x 64 x 8 (R, R) | 1 x 1 x 64 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn1:getitem#8` | -- | 1 x 4 x 64 x 16 (S(1), S(2)) | 1 x 4 x 48 x 16 (S(1), R) | `(S(1), R)` | all-gather on model | 4.0 KiB | 12.9 |
+| `blocks.*.attn1:getitem#9` | -- | 1 x 4 x 64 x 16 (S(1), S(2)) | 1 x 4 x 48 x 16 (S(1), R) | `(S(1), R)` | all-gather on model | 4.0 KiB | 12.9 |
+| `blocks.*.attn1:scaled_dot_product_attention#0` | -- | 1 x 4 x 64 x 16 (S(1), S(2))<br>1 x 4 x 48 x 16 (S(1), R) | 1 x 4 x 64 x 16 (S(1), S(2)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn1.to_out.0:linear#0` | weight (S(1), R); bias (R, R) | 1 x 64 x 64 (S(2), S(1)) | 1 x 64 x 64 (R, S(1)) | `(R, S(1))` | all-reduce on batch | 2.0 KiB | 19.1 |
+| `blocks.*.norm2:layer_norm#0` | -- | 1 x 64 x 64 (R, S(1))<br>64 (R, R) | 1 x 64 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn2.to_q:linear#0` | weight (R, R); bias (R, R) | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn2:flatten#0` | -- | 4 x 32 x 64 (R, R) | 128 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn2:flatten#1` | -- | 4 x 32 (R, R) | 128 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `blocks.*.attn2:linear#0` | -- | 1 x 7 x 64 (R, R)<br>128 x 64 (R, R)<br>128 (R, R) | 1 x 7 x 128 (R, R) | -- | -- | -- | 2.4 |
+| `blocks.*.attn2.norm_q:rms_norm#0` | weight (R, R) | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 64 (R, S(1)) | -- | -- | -- | 2.2 |
 | `blocks.*.attn2.norm_k:rms_norm#0` | weight (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | -- | -- | -- | 2.2 |
-| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 48 x 16 (R, S(2))<br>1 x 4 x 7 x 16 (R, R) | 1 x 4 x 48 x 16 (R, S(2)) | -- | -- | -- | 2.2 |
-| `blocks.*.attn2.to_out.0:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
-| `blocks.*.norm3:layer_norm#0` | -- | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
-| `blocks.*.ffn.net.0.proj:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 96 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
-| `blocks.*.ffn.net.2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 48 x 96 (S(2), S(1)) | 1 x 48 x 64 (R, S(1)) | `(R, S(1))` | all-reduce on batch | 1.5 KiB | 18.6 |
+| `blocks.*.attn2:scaled_dot_product_attention#0` | -- | 1 x 4 x 64 x 16 (R, S(2))<br>1 x 4 x 7 x 16 (R, R) | 1 x 4 x 64 x 16 (R, S(2)) | -- | -- | -- | 2.3 |
+| `blocks.*.attn2.to_out.0:linear#0` | weight (R, R); bias (R, R) | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.norm3:layer_norm#0` | -- | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 64 (R, S(1)) | -- | -- | -- | 2.3 |
+| `blocks.*.ffn.net.0.proj:linear#0` | weight (S(0), R); bias (S(0), R) | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 96 (S(2), S(1)) | `(S(2), S(1))` | -- | -- | 2.3 |
+| `blocks.*.ffn.net.2:linear#0` | weight (S(1), R); bias (R, R) | 1 x 64 x 96 (S(2), S(1)) | 1 x 64 x 64 (R, S(1)) | `(R, S(1))` | all-reduce on batch | 2.0 KiB | 19.1 |
 
-Block total: 246.0 us (compute 159.0 us + comm 87.0 us) x 2 blocks = 0.492 ms per forward.
+Block total: 233.5 us (compute 144.3 us + comm 89.3 us) x 2 blocks = 0.467 ms per forward.
 
-**Collective bill per block: 4 big + 2 small**
+**Collective bill per block: 5.50 big + 2 small**
 
 | collective | axes | bytes per call | per block | size | where |
 |---|---|---|---|---|---|
-| all-reduce | batch | 48 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
-| all-reduce | batch | 48 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
-| all-reduce | batch | 1.5 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | model | 3.0 KiB | 1 | big | blocks.*.attn1:permute#1 |
-| all-gather | model | 3.0 KiB | 1 | big | blocks.*.attn1:permute#2 |
-| all-reduce | batch | 1.5 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |
+| all-reduce | batch | 64 B | 1 | small | blocks.*.attn1.norm_k:rms_norm#0 |
+| all-reduce | batch | 64 B | 1 | small | blocks.*.attn1.norm_q:rms_norm#0 |
+| all-reduce | batch | 2.0 KiB | 1 | big | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | model | 4.0 KiB | 1 | big | blocks.*.attn1:getitem#8 |
+| all-gather | model | 4.0 KiB | 1 | big | blocks.*.attn1:getitem#9 |
+| all-gather | model | 8.0 KiB | 0.5 | big | blocks.*.attn2.to_out.0:linear#0 |
+| all-gather | model | 8.0 KiB | 0.5 | big | blocks.*.attn2.to_q:linear#0 |
+| all-gather | model | 1.8 KiB | 0.5 | big | blocks.*.attn2:linear#0 |
+| all-reduce | batch | 2.0 KiB | 1 | big | blocks.*.ffn.net.2:linear#0 |
 
 ## Once per forward (before and after the block stack)
 
 | op | weights | state in | state out | constraint | collective | bytes | us |
 |---|---|---|---|---|---|---|---|
 | `rope:reshape#0` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
+| `rope:pad#0` | -- | 1 x 48 x 1 x 16 (R, R) | 1 x 64 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 2.2 |
 | `rope:reshape#1` | -- | 3 x 4 x 4 x 16 (R, R) | 1 x 48 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (R, S(1)) | `(R, S(1))` | -- | -- | 2.3 |
+| `rope:pad#1` | -- | 1 x 48 x 1 x 16 (R, R) | 1 x 64 x 1 x 16 (R, R) | `(R, R)` | -- | -- | 2.2 |
+| `:contiguous#0` | -- | 1 x 48 x 64 (R, R) | 1 x 48 x 64 (R, R) | `(R, R)` | -- | -- | 2.3 |
+| `:pad#0` | -- | 1 x 48 x 64 (R, R) | 1 x 64 x 64 (R, S(1)) | `(R, S(1))` | -- | -- | 2.3 |
 | `condition_embedder:type_as#0` | -- | 1 x 64 (R, R)<br>1 x 7 x 32 (R, R) | 1 x 64 (R, R) | `(R, R)` | -- | -- | 2.2 |
 | `condition_embedder.text_embedder.linear_2:linear#0` | weight (R, R); bias (R, R) | 1 x 7 x 64 (R, R) | 1 x 7 x 64 (R, R) | `(R, R)` | -- | -- | 2.3 |
 | `:unflatten#0` | -- | 1 x 384 (R, R) | 1 x 6 x 64 (R, R) | `(R, R)` | -- | -- | 0.0 |
-| `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 48 x 64 (R, S(1)) | 1 x 48 x 16 (R, R) | `(R, R)` | all-gather on model | 1.5 KiB | 13.4 |
+| `proj_out:linear#0` | weight (R, R); bias (R, R) | 1 x 64 x 64 (R, S(1)) | 1 x 64 x 16 (R, R) | `(R, R)` | all-gather on model | 2.0 KiB | 13.8 |
+| `proj_out:getitem#0` | -- | 1 x 64 x 16 (R, R) | 1 x 48 x 16 (R, R) | `(R, R)` | -- | -- | 0.0 |
 
-Prologue 44.9 us, epilogue 40.2 us (compute + comm).
+Prologue 51.7 us, epilogue 40.7 us (compute + comm).
 
 ## Predicted collectives per forward
 
 | collective | axes | bytes per call | calls | us per call | where |
 |---|---|---|---|---|---|
-| all-reduce | batch | 48 B | 2 | 14.9 | blocks.*.attn1.norm_k:rms_norm#0 |
-| all-reduce | batch | 48 B | 2 | 14.9 | blocks.*.attn1.norm_q:rms_norm#0 |
-| all-reduce | batch | 1.5 KiB | 2 | 16.3 | blocks.*.attn1.to_out.0:linear#0 |
-| all-gather | model | 3.0 KiB | 2 | 12.2 | blocks.*.attn1:permute#1 |
-| all-gather | model | 3.0 KiB | 2 | 12.2 | blocks.*.attn1:permute#2 |
-| all-reduce | batch | 1.5 KiB | 2 | 16.3 | blocks.*.ffn.net.2:linear#0 |
-| all-gather | model | 1.5 KiB | 1 | 11.2 | proj_out:linear#0 |
+| all-reduce | batch | 64 B | 2 | 15.0 | blocks.*.attn1.norm_k:rms_norm#0 |
+| all-reduce | batch | 64 B | 2 | 15.0 | blocks.*.attn1.norm_q:rms_norm#0 |
+| all-reduce | batch | 2.0 KiB | 2 | 16.8 | blocks.*.attn1.to_out.0:linear#0 |
+| all-gather | model | 4.0 KiB | 2 | 12.9 | blocks.*.attn1:getitem#8 |
+| all-gather | model | 4.0 KiB | 2 | 12.9 | blocks.*.attn1:getitem#9 |
+| all-gather | model | 8.0 KiB | 1 | 15.5 | blocks.*.attn2.to_out.0:linear#0 |
+| all-gather | model | 8.0 KiB | 1 | 15.5 | blocks.*.attn2.to_q:linear#0 |
+| all-gather | model | 1.8 KiB | 1 | 11.4 | blocks.*.attn2:linear#0 |
+| all-reduce | batch | 2.0 KiB | 2 | 16.8 | blocks.*.ffn.net.2:linear#0 |
+| all-gather | model | 2.0 KiB | 1 | 11.5 | proj_out:linear#0 |
 
 ## Why
 
 ### blocks.*.attn1 (x2): head-TP(batch)+SP(model)
 
-- **chosen** `head-TP(batch)+SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
-- **best rejected** `SP(batch)+KV-gather`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
-- other options priced: `replicated` 0.215 ms, `Ulysses(batch)` 0.275 ms, `SP(model)+KV-gather` 0.276 ms, `Ulysses(model)` 0.311 ms, `head-TP(batch)` 0.314 ms, `SP(batchxmodel)+KV-gather` 0.316 ms, `SP(batch)+KV-gather+FSDP` 0.333 ms, `head-TP(batch)+seq(batch)` 0.337 ms, `head-TP(model)` 0.389 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.394 ms, `SP(model)+KV-gather+FSDP` 0.401 ms, `head-TP(model)+SP(batch)` 0.412 ms, `head-TP(batch)+hidden(batch)` 0.416 ms, `Ulysses(batch+model)+pad(4->8)` 0.421 ms, `Ulysses(batch+model)+pad(4->8)` 0.422 ms, `head-TP(model)+seq(model)` 0.426 ms, `Ulysses(model+batch)+pad(4->8)` 0.452 ms, `Ulysses(batch+model)+seq(batch)+pad(4->8)` 0.455 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.461 ms, `head-TP(batch)+SP(model)+FSDP` 0.463 ms, `head-TP(model)+SP(batch)+FSDP` 0.470 ms, `head-TP(model)+SP(batch)+seq(model)` 0.474 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.497 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.509 ms, `Ulysses(model+batch)+seq(model)+pad(4->8)` 0.513 ms, `Ulysses(batch+model)+hidden(batch)+pad(4->8)` 0.523 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.532 ms, `head-TP(batchxmodel)+pad(4->8)` 0.550 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.564 ms, `head-TP(model)+hidden(model)` 0.572 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.595 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.610 ms, `Ulysses(model+batch)+hidden(model)+pad(4->8)` 0.635 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.653 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.896 ms
+- **chosen** `head-TP(batch)+SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.602 ms per forward; 0.00 GB weights/device
+- **best rejected** `head-TP(batch)+SP(model)+FSDP`: the best plan with it instead costs 0.622 ms per forward (+0.020 ms)
+- other options priced: `replicated` 0.198 ms, `SP(batch)+KV-gather` 0.239 ms, `Ulysses(batch)` 0.263 ms, `SP(model)+KV-gather` 0.263 ms, `SP(batch)+KV-gather+FSDP` 0.293 ms, `Ulysses(model)` 0.298 ms, `head-TP(batch)` 0.301 ms, `SP(batchxmodel)+KV-gather` 0.304 ms, `head-TP(batch)+seq(batch)` 0.325 ms, `SP(model)+KV-gather+FSDP` 0.347 ms, `head-TP(model)` 0.378 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.380 ms, `head-TP(model)+SP(batch)` 0.398 ms, `head-TP(batch)+hidden(batch)` 0.402 ms, `Ulysses(batch+model)+pad(4->8)` 0.414 ms, `head-TP(model)+seq(model)` 0.416 ms, `SP(batchxmodel)+KV-gather+FSDP` 0.425 ms, `head-TP(model)+SP(batch)+FSDP` 0.430 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.442 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.446 ms, `head-TP(model)+SP(batch)+seq(model)` 0.463 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.496 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.509 ms, `head-TP(batchxmodel)+pad(4->8)` 0.539 ms, `head-TP(model)+hidden(model)` 0.560 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.581 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.601 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.613 ms, `Ulysses(batch+model)+pad(4->8)` 0.745 ms, `Ulysses(batch+model)+seq(batch)+pad(4->8)` 0.779 ms, `Ulysses(batch+model)+hidden(batch)+pad(4->8)` 0.846 ms, `Ulysses(model+batch)+pad(4->8)` 0.872 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.885 ms, `Ulysses(model+batch)+seq(model)+pad(4->8)` 0.938 ms, `Ulysses(model+batch)+hidden(model)+pad(4->8)` 1.055 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8; Ulysses over modelxbatch (8): 4 heads do not divide; Ulysses over batchxmodel (8): 4 heads do not divide
-- ring attention `head-TP(batch)+SP(model)+ring` 0.392 ms per forward vs 0.360 ms chosen: it would cost 0.032 ms (4 steps of 0.6 us attention and 14.1 us K/V transfer, replacing 24.4 us of K/V all-gathers per call); not offered: no ring SDPA lowering in tt-mlir (tt-mlir #7598)
-- plan total 0.577 ms per forward (head-TP(batch)+SP(model): 0.360 ms of it, x2)
-- next best: SP(batch)+KV-gather, plan total 0.584 ms (+0.007 ms: this macro -0.106 ms, stream-layout edges +0.000 ms, other macros +0.113 ms (attn2 -> SP(batch)+FSDP, ffn -> Megatron(model)+SP(batch), condition_embedder.time_embedder -> Megatron(batch) to fit the memory budget))
-- replicated is cheaper on its own (0.215 ms) but its best plan totals 0.624 ms: this macro -0.145 ms, stream-layout edges +0.028 ms, other macros +0.164 ms (attn2 -> SP(model)+FSDP, condition_embedder.time_embedder -> Megatron(batch), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
-- collectives it implies (per call): all-reduce on batch 48 B at `blocks.*.attn1.norm_q:rms_norm#0`, all-reduce on batch 48 B at `blocks.*.attn1.norm_k:rms_norm#0`, all-gather on model 3.0 KiB at `blocks.*.attn1:permute#1`, all-gather on model 3.0 KiB at `blocks.*.attn1:permute#2`, all-reduce on batch 1.5 KiB at `blocks.*.attn1.to_out.0:linear#0`
+- ring attention `head-TP(batch)+SP(model)+ring` 0.377 ms per forward vs 0.345 ms chosen: it would cost 0.032 ms (4 steps of 0.6 us attention and 14.5 us K/V transfer, replacing 25.7 us of K/V all-gathers per call); not offered: no ring SDPA lowering in tt-mlir (tt-mlir #7598)
+- plan total 0.602 ms per forward (head-TP(batch)+SP(model): 0.345 ms of it, x2)
+- next best: head-TP(batch)+SP(model)+FSDP, plan total 0.622 ms (+0.020 ms: this macro +0.062 ms, stream-layout edges +0.000 ms, other macros -0.042 ms)
+- replicated is cheaper on its own (0.198 ms) but no plan with it fits the memory budget
+- collectives it implies (per call): all-reduce on batch 64 B at `blocks.*.attn1.norm_q:rms_norm#0`, all-reduce on batch 64 B at `blocks.*.attn1.norm_k:rms_norm#0`, all-gather on model 4.0 KiB at `blocks.*.attn1:getitem#8`, all-gather on model 4.0 KiB at `blocks.*.attn1:getitem#9`, all-reduce on batch 2.0 KiB at `blocks.*.attn1.to_out.0:linear#0`
 
 ### blocks.*.attn2 (x2): SP(model)
 
-- **chosen** `SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
-- **best rejected** `SP(batch)+FSDP`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
-- other options priced: `SP(batchxmodel)` 0.089 ms, `SP(batch)` 0.091 ms, `replicated` 0.094 ms, `head-TP(batch)+SP(model)` 0.182 ms, `head-TP(batch)` 0.194 ms, `SP(model)+FSDP` 0.195 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.208 ms, `head-TP(batch)+seq(batch)` 0.211 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.238 ms, `head-TP(batch)+hidden(batch)` 0.249 ms, `head-TP(model)+SP(batch)` 0.259 ms, `SP(batchxmodel)+FSDP` 0.259 ms, `head-TP(model)` 0.270 ms, `head-TP(model)+seq(model)` 0.295 ms, `head-TP(model)+SP(batch)+seq(model)` 0.309 ms, `head-TP(batch)+SP(model)+FSDP` 0.313 ms, `head-TP(model)+SP(batch)+FSDP` 0.334 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.339 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.361 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.370 ms, `head-TP(model)+hidden(model)` 0.371 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.384 ms, `head-TP(batchxmodel)+pad(4->8)` 0.430 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.437 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.472 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.624 ms
+- **chosen** `SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.602 ms per forward; 0.00 GB weights/device (weights sharded for memory)
+- **FSDP block range**: block 1 runs `SP(model)+FSDP` (weights also split over the SP axes, gathered per use: only as many blocks as memory needs), block 0 `SP(model)`
+- **best rejected** `SP(model)+FSDP`: the best plan with it instead costs 0.611 ms per forward (+0.009 ms)
+- other options priced: `SP(batchxmodel)` 0.085 ms, `SP(batch)` 0.088 ms, `replicated` 0.091 ms, `SP(batch)+FSDP` 0.142 ms, `head-TP(batch)+SP(model)` 0.179 ms, `head-TP(batch)` 0.195 ms, `head-TP(batch)+SP(model)+seq(batch)` 0.206 ms, `head-TP(batch)+seq(batch)` 0.213 ms, `head-TP(batch)+SP(model)+hidden(batch)` 0.235 ms, `head-TP(batch)+hidden(batch)` 0.250 ms, `head-TP(model)+SP(batch)` 0.258 ms, `head-TP(model)` 0.273 ms, `head-TP(batch)+SP(model)+FSDP` 0.286 ms, `SP(batchxmodel)+FSDP` 0.287 ms, `head-TP(model)+seq(model)` 0.300 ms, `head-TP(model)+SP(batch)+seq(model)` 0.312 ms, `head-TP(batch)+SP(model)+FSDP+seq(batch)` 0.313 ms, `head-TP(model)+SP(batch)+FSDP` 0.318 ms, `head-TP(batch)+SP(model)+FSDP+hidden(batch)` 0.342 ms, `head-TP(model)+SP(batch)+hidden(model)` 0.360 ms, `head-TP(model)+SP(batch)+FSDP+seq(model)` 0.371 ms, `head-TP(model)+hidden(model)` 0.373 ms, `head-TP(model)+SP(batch)+FSDP+hidden(model)` 0.420 ms, `head-TP(batchxmodel)+pad(4->8)` 0.434 ms, `head-TP(batchxmodel)+seq(batchxmodel)+pad(4->8)` 0.478 ms, `head-TP(batchxmodel)+hidden(batchxmodel)+pad(4->8)` 0.627 ms
 - excluded: head-TP over batchxmodel (8): 4 heads do not divide into 8
-- plan total 0.577 ms per forward (SP(model): 0.090 ms of it, x2)
-- next best: SP(batch)+FSDP, plan total 0.584 ms (+0.007 ms: this macro +0.068 ms, stream-layout edges +0.000 ms, other macros -0.061 ms (attn1 -> SP(batch)+KV-gather, ffn -> Megatron(model)+SP(batch), condition_embedder.time_embedder -> Megatron(batch)))
-- SP(batchxmodel) is cheaper on its own (0.089 ms) but its best plan totals 0.681 ms: this macro +0.084 ms, stream-layout edges +0.000 ms, other macros +0.020 ms (attn1 -> SP(batchxmodel)+KV-gather, ffn -> SP(batchxmodel), condition_embedder.time_embedder -> Megatron(model), condition_embedder.text_embedder -> Megatron(batch))
+- plan total 0.602 ms per forward (SP(model): 0.086 ms of it, x2)
+- next best: SP(model)+FSDP, plan total 0.611 ms (+0.009 ms: this macro +0.042 ms, stream-layout edges +0.000 ms, other macros -0.033 ms (ffn -> SP(model)))
+- SP(batchxmodel) is cheaper on its own (0.085 ms) but its best plan totals 0.713 ms: this macro -0.043 ms, stream-layout edges +0.000 ms, other macros +0.154 ms (attn1 -> head-TP(model)+SP(batch)+seq(model), ffn -> SP(batchxmodel), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
 
 ### blocks.*.ffn (x2): Megatron(batch)+SP(model)
 
-- **chosen** `Megatron(batch)+SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(model)+SP(batch)`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
-- other options priced: `SP(batchxmodel)` 0.080 ms, `SP(model)` 0.081 ms, `SP(batch)` 0.083 ms, `replicated` 0.086 ms, `Megatron(batch)` 0.127 ms, `SP(batch)+FSDP` 0.130 ms, `Megatron(batch)+SP(model)+seq(batch)` 0.141 ms, `Megatron(batch)+seq(batch)` 0.142 ms, `SP(model)+FSDP` 0.154 ms, `Megatron(model)` 0.156 ms, `Megatron(batch)+SP(model)+hidden(batch)` 0.170 ms, `Megatron(batch)+SP(model)+FSDP` 0.170 ms, `Megatron(model)+SP(batch)+FSDP` 0.175 ms, `Megatron(model)+seq(model)` 0.180 ms, `Megatron(batch)+hidden(batch)` 0.181 ms, `SP(batchxmodel)+FSDP` 0.189 ms, `Megatron(batch)+SP(model)+FSDP+seq(batch)` 0.198 ms, `Megatron(model)+SP(batch)+seq(model)` 0.202 ms, `Megatron(batchxmodel)` 0.205 ms, `Megatron(batch)+SP(model)+FSDP+hidden(batch)` 0.227 ms, `Megatron(model)+SP(batch)+FSDP+seq(model)` 0.233 ms, `Megatron(batchxmodel)+seq(batchxmodel)` 0.245 ms, `Megatron(model)+SP(batch)+hidden(model)` 0.246 ms, `Megatron(model)+hidden(model)` 0.256 ms, `Megatron(model)+SP(batch)+FSDP+hidden(model)` 0.277 ms, `Megatron(batchxmodel)+hidden(batchxmodel)` 0.398 ms
-- plan total 0.577 ms per forward (Megatron(batch)+SP(model): 0.114 ms of it, x2)
-- next best: Megatron(model)+SP(batch), plan total 0.584 ms (+0.007 ms: this macro +0.030 ms, stream-layout edges +0.000 ms, other macros -0.023 ms (attn1 -> SP(batch)+KV-gather, attn2 -> SP(batch)+FSDP, condition_embedder.time_embedder -> Megatron(batch) to fit the memory budget))
-- SP(batchxmodel) is cheaper on its own (0.080 ms) but its best plan totals 0.681 ms: this macro +0.021 ms, stream-layout edges +0.000 ms, other macros +0.083 ms (attn1 -> SP(batchxmodel)+KV-gather, attn2 -> SP(batchxmodel), condition_embedder.time_embedder -> Megatron(model), condition_embedder.text_embedder -> Megatron(batch) to fit the memory budget)
-- collectives it implies (per call): all-reduce on batch 1.5 KiB at `blocks.*.ffn.net.2:linear#0`
+- **chosen** `Megatron(batch)+SP(model)` (stream `(R, S(1))`, STATE A): the best plan with it costs 0.602 ms per forward; 0.00 GB weights/device
+- **best rejected** `SP(model)`: the best plan with it instead costs 0.611 ms per forward (+0.009 ms)
+- other options priced: `SP(batchxmodel)` 0.081 ms, `SP(batch)` 0.084 ms, `replicated` 0.088 ms, `SP(batch)+FSDP` 0.131 ms, `Megatron(batch)` 0.133 ms, `Megatron(batch)+SP(model)+seq(batch)` 0.145 ms, `Megatron(model)+SP(batch)` 0.148 ms, `Megatron(batch)+seq(batch)` 0.149 ms, `SP(model)+FSDP` 0.155 ms, `Megatron(model)` 0.163 ms, `Megatron(batch)+SP(model)+hidden(batch)` 0.171 ms, `Megatron(batch)+SP(model)+FSDP` 0.172 ms, `Megatron(model)+SP(batch)+FSDP` 0.179 ms, `Megatron(batch)+hidden(batch)` 0.186 ms, `Megatron(model)+seq(model)` 0.189 ms, `SP(batchxmodel)+FSDP` 0.190 ms, `Megatron(batch)+SP(model)+FSDP+seq(batch)` 0.201 ms, `Megatron(model)+SP(batch)+seq(model)` 0.212 ms, `Megatron(batchxmodel)` 0.213 ms, `Megatron(batch)+SP(model)+FSDP+hidden(batch)` 0.228 ms, `Megatron(model)+SP(batch)+FSDP+seq(model)` 0.243 ms, `Megatron(model)+SP(batch)+hidden(model)` 0.249 ms, `Megatron(batchxmodel)+seq(batchxmodel)` 0.256 ms, `Megatron(model)+hidden(model)` 0.262 ms, `Megatron(model)+SP(batch)+FSDP+hidden(model)` 0.280 ms, `Megatron(batchxmodel)+hidden(batchxmodel)` 0.405 ms
+- plan total 0.602 ms per forward (Megatron(batch)+SP(model): 0.115 ms of it, x2)
+- next best: SP(model), plan total 0.611 ms (+0.009 ms: this macro -0.033 ms, stream-layout edges +0.000 ms, other macros +0.042 ms (attn2 -> SP(model)+FSDP to fit the memory budget))
+- SP(batchxmodel) is cheaper on its own (0.081 ms) but its best plan totals 0.713 ms: this macro +0.020 ms, stream-layout edges +0.000 ms, other macros +0.091 ms (attn1 -> head-TP(model)+SP(batch)+seq(model), attn2 -> SP(batchxmodel), condition_embedder.text_embedder -> Megatron(batch))
+- collectives it implies (per call): all-reduce on batch 2.0 KiB at `blocks.*.ffn.net.2:linear#0`
 
 ### condition_embedder.time_embedder: replicated
 
-- **chosen** `replicated`: the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.584 ms per forward (+0.007 ms)
+- **chosen** `replicated`: the best plan with it costs 0.602 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.617 ms per forward (+0.015 ms)
 - other options priced: `Megatron(model)` 0.033 ms, `Megatron(batchxmodel)` 0.057 ms
-- plan total 0.577 ms per forward (replicated: 0.007 ms of it)
-- next best: Megatron(batch), plan total 0.584 ms (+0.007 ms: this macro +0.015 ms, stream-layout edges +0.000 ms, other macros -0.008 ms (attn1 -> SP(batch)+KV-gather, attn2 -> SP(batch)+FSDP, ffn -> Megatron(model)+SP(batch)))
+- plan total 0.602 ms per forward (replicated: 0.007 ms of it)
+- next best: Megatron(batch), plan total 0.617 ms (+0.015 ms: this macro +0.015 ms, stream-layout edges +0.000 ms, other macros +0.000 ms)
 
 ### condition_embedder.text_embedder: replicated
 
-- **chosen** `replicated`: the best plan with it costs 0.577 ms per forward; 0.00 GB weights/device
-- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.585 ms per forward (+0.008 ms)
+- **chosen** `replicated`: the best plan with it costs 0.602 ms per forward; 0.00 GB weights/device
+- **best rejected** `Megatron(batch)`: the best plan with it instead costs 0.617 ms per forward (+0.016 ms)
 - other options priced: `Megatron(model)` 0.034 ms, `Megatron(batchxmodel)` 0.058 ms
-- plan total 0.577 ms per forward (replicated: 0.007 ms of it)
-- next best: Megatron(batch), plan total 0.585 ms (+0.008 ms: this macro +0.016 ms, stream-layout edges +0.000 ms, other macros -0.008 ms (attn1 -> SP(batch)+KV-gather, attn2 -> SP(batch)+FSDP, ffn -> Megatron(model)+SP(batch)))
+- plan total 0.602 ms per forward (replicated: 0.007 ms of it)
+- next best: Megatron(batch), plan total 0.617 ms (+0.016 ms: this macro +0.016 ms, stream-layout edges +0.000 ms, other macros +0.000 ms)
 
 ## Notes
 
-- guard: `48 % 128 == 0 (32-token tiles per device; otherwise pad)`
-- planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name
+- guard: `64 % 128 == 0 (32-token tiles per device; otherwise pad)`
+- rewrite `qkv`: 4 site(s)
+- rewrite `patch_embed`: 1 site(s)
+- rewrite `rope`: 4 site(s)
+- rewrite `sp_pad`: 2 site(s)
+- planned from 2 captured block(s); block decisions shared by all 2 blocks and expanded by name (but for the FSDP block ranges)
 - predicted time = compute + comm, no overlap assumed; 1 weight set(s) resident
+- memory forces weight sharding: attn2 SP(model)+FSDP on block 1
 """,
     )
 
