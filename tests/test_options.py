@@ -51,18 +51,20 @@ def test_rewrites_default_to_the_target_s_tt_mlir_runs_every_pass_and_says_why()
     """Left out (or "default"), the rewrites are the target's: on Tenstorrent the program that fits (patch_embed keeps
     conv3d out, so tt-mlir fuses attention at optimization level 1), on XLA none. A user's choice, and a saved plan's
     rewrites, win."""
+    from planner.targets import TARGETS
+
     for given in ({}, {"rewrites": "default"}):
         opts = Options.from_user(given, env={})
         assert opts.rewrites is None
-        names, why = opts.rewrites_for("tt-mlir")
+        names, why = opts.rewrites_for(TARGETS["tt-mlir"])
         assert names == REWRITE_NAMES and set(why) == set(names)
         assert "optimization_level 1" in why["patch_embed"] and why["rope"].startswith("tt-mlir's default: ")
-        assert opts.rewrites_for("gspmd") == ((), {})
-    assert Options.from_user({"rewrites": "none"}, env={}).rewrites_for("tt-mlir") == ((), {})
-    asked, why = Options.from_user({"rewrites": "qkv"}, env={}).rewrites_for("tt-mlir", saved=("rope",))
+        assert opts.rewrites_for(TARGETS["gspmd"]) == ((), {})
+    assert Options.from_user({"rewrites": "none"}, env={}).rewrites_for(TARGETS["tt-mlir"]) == ((), {})
+    asked, why = Options.from_user({"rewrites": "qkv"}, env={}).rewrites_for(TARGETS["tt-mlir"], saved=("rope",))
     assert asked == ("qkv",) and why == {"qkv": "asked for (the rewrites option)"}
-    assert Options.from_user({}, env={}).rewrites_for("tt-mlir", saved=("rope",))[0] == ("rope",)
-    assert Options.from_user({}, env={"WANCOMPILE_REWRITES": "none"}).rewrites_for("tt-mlir")[0] == ()
+    assert Options.from_user({}, env={}).rewrites_for(TARGETS["tt-mlir"], saved=("rope",))[0] == ("rope",)
+    assert Options.from_user({}, env={"WANCOMPILE_REWRITES": "none"}).rewrites_for(TARGETS["tt-mlir"])[0] == ()
 
 
 def test_unknown_option_key_is_an_error_listing_the_known_ones():

@@ -69,7 +69,7 @@ def test_tt_check_of_the_tiny_dit_passes_with_the_worker_in_a_jax_only_interpret
     args = ["tt-check", "--model", "tiny", "--plan", "tt-xla", "--mesh", "1x2", "--system", "bh-p300"]
     args += ["--dtype", "bfloat16"]
     proc = subprocess.run(
-        [sys.executable, "-m", "wancompile", *args, "--out", str(tmp_path), "--json"],
+        [sys.executable, "-m", "wancompile.cli", *args, "--out", str(tmp_path), "--json"],
         capture_output=True,
         text=True,
         env=env,

@@ -83,7 +83,7 @@ def _compile(gm: fx.GraphModule, options: Optional[Mapping[str, Any]]) -> Callab
         opts, asked, target=opts.target or (saved.target if saved else None), on_target_mesh=opts.xla_mesh is None
     )
     mesh_obj = opts.xla_mesh if opts.xla_mesh is not None else xla_mesh(request.mesh)
-    rewrites, why = opts.rewrites_for(request.target.name, tuple(r.name for r in saved.rewrites) if saved else None)
+    rewrites, why = opts.rewrites_for(request.target, tuple(r.name for r in saved.rewrites) if saved else None)
     gm, records = rewrite_graph(gm, request, rewrites, why)
     graph = annotate(gm)
     family = family_of(graph)  # what the graph is: the planner's one dispatcher (planner.families)

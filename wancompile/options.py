@@ -12,11 +12,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Optional, Union
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Union
 
 from planner.errors import Error
 from planner.mesh import MeshError, MeshSpec, parse_mesh
 from rewrites import PASS_NAMES as REWRITE_NAMES
+
+if TYPE_CHECKING:
+    from planner.targets import Target
 
 ENV_PREFIX = "WANCOMPILE_"
 # Plans made by rule instead of by the solver; `plan="tt-xla"` runs the seed's hand plan.
@@ -73,20 +76,18 @@ class Options:
 
         return self.target or default_target(self.hardware)
 
-    def rewrites_for(self, target: str, saved: Optional[tuple[str, ...]] = None) -> tuple[tuple[str, ...], dict]:
+    def rewrites_for(self, target: "Target", saved: Optional[tuple[str, ...]] = None) -> tuple[tuple[str, ...], dict]:
         """The passes a compile for `target` runs, in pass order, and why each (pass -> reason, as plan.json's
         ``rewrites[].why``): the ``rewrites`` option when given, else those a saved plan it runs was made with
         (`saved`: its locations name ops of that rewritten graph), else the target's default
         (`planner.targets.Target.default_rewrites`)."""
-        from planner.targets import get_target
-
         if self.rewrites is not None:
             return self.rewrites, {n: "asked for (the rewrites option)" for n in self.rewrites}
         if saved is not None:
             return saved, {n: "the saved plan was made with it" for n in saved}
-        default = get_target(target).default_rewrites
+        default = target.default_rewrites
         names = tuple(n for n in REWRITE_NAMES if n in dict(default))
-        return names, {n: f"{target}'s default: {why}" for n, why in default}
+        return names, {n: f"{target.name}'s default: {why}" for n, why in default}
 
     @classmethod
     def from_user(

@@ -96,17 +96,17 @@ def plan_command(args: argparse.Namespace) -> int:
             args.model, args.resolution, args.frames, device="meta", dtype=dtype, batch=args.batch
         )
         graph, gm = capture_module(module, **inputs, return_dict=False, model=args.model)
+        from planner.request import PlanRequest
         from planner.targets import default_target
         from wancompile.options import Options
 
         target = args.target or default_target(explicit_hardware)  # priced as the program it compiles to
-        rewrites, why = Options(rewrites=args.rewrites).rewrites_for(target)
+        request = PlanRequest.make(mesh, args.hardware, target=target)
+        rewrites, why = Options(rewrites=args.rewrites).rewrites_for(request.target)
         if rewrites:
-            from planner.request import PlanRequest
             from wancompile.backend import rewrite_graph
             from wancompile.capture import annotate
 
-            request = PlanRequest.make(mesh, args.hardware, target=target)
             gm, records = rewrite_graph(gm, request, rewrites, why)
             graph = annotate(gm, model=args.model)
     log.info("captured %s", graph.summary())

@@ -214,7 +214,7 @@ def plan_first_blocks(
     options = _options(mesh, system, hardware, memory_gb, rewrites, weight_sets=sets)
     opts = Options.from_user(options)
     request = request_for(opts, mesh, num_blocks=num_blocks)
-    rewritten, records = rewrite_graph(gm, request, *opts.rewrites_for(request.target.name))
+    rewritten, records = rewrite_graph(gm, request, *opts.rewrites_for(request.target))
     graph = annotate(rewritten, model=model)
     request = request.variant(pad_heads=HeadPadder(rewritten, graph))
     plan = solve(graph, request).with_(target="tt-mlir", rewrites=records)
