@@ -212,10 +212,12 @@ def rewrite_graph(
     )
     gm, reports = apply_rewrites(gm, rewrites, context)
     gm.recompile()
-    for r in reports:  # a pass that left a candidate unchanged says so (and the plan records it)
-        for reason in r.skipped:
-            log.warning("wan_autoshard rewrite %s left a candidate unchanged: %s", r.name, reason)
     why = why or {}
+    for r in reports:  # a pass that left a candidate unchanged says so (and the plan records it): a warning where the
+        # user asked for the pass, else (a target's default: nothing for them to act on) at info
+        level = logging.WARNING if why.get(r.name, "").startswith("asked") or not why else logging.INFO
+        for reason in r.skipped:
+            log.log(level, "wan_autoshard rewrite %s left a candidate unchanged: %s", r.name, reason)
     return gm, tuple(
         RewriteRecord(r.name, r.count, tuple(r.where), tuple(r.skipped), why.get(r.name, "")) for r in reports
     )
